@@ -1,0 +1,818 @@
+"""The typed evidence ledger, its events and the reducer (the ledger's only writer).
+
+Paper mapping (v3 §3.2-3.3, v1 Appendix I):
+  R0        -> TaskContext (immutable: question, assets, answer format, options, allowed tools, budget)
+  S = {U, F, E, C}
+     U      -> Ledger.needs (evidence_needs; U_t = the open ones, U^b_t = the open blocking ones)
+     F      -> Ledger.slots (fact / compute slots) + fact_bridges + entity_cards
+     E      -> Ledger.atoms (evidence atoms with source tool, asset, time span and need)
+     C      -> Ledger.conflicts (+ gap_diagnosis)
+  control   -> tool_call_counts, steps, blocked_finishes, revisions, failed_calls, errors
+
+Everything here is pure: no clock, no randomness, no I/O. Ids come from the event sequence number.
+``reduce(state, event)`` returns a new frozen Ledger; nothing else may construct a changed ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+NEED_STATUSES = ("unfilled", "partial", "filled", "unfillable")
+OPEN_STATUSES = ("unfilled", "partial")
+TERMINAL_STATUSES = ("filled", "unfillable")
+CLOSURE_LEVELS = ("blocking", "supplementary")
+NEED_ROLES = ("anchor", "external_fact", "applicability", "compute")
+SOURCES = ("visual", "audio", "subtitle", "web", "computation")
+VERDICTS = ("SUFFICIENT", "INSUFFICIENT", "CONFLICTING")
+OUTCOMES = ("accepted", "repaired", "forced", "insufficient", "budget_exhausted")
+MODEL_ERROR_KINDS = ("unparseable", "unknown_tool", "bad_arguments", "no_action", "role_output")
+
+# Tools offered per asset type (paper, Appendix I.5) and globally.
+PERCEPTION_TOOLS = {
+    "video": ("subtitle_grounding", "audio_scout", "clip_grounding", "frame_confirm"),
+    "audio": ("subtitle_grounding", "audio_scout"),
+    "image": ("frame_confirm",),
+}
+GLOBAL_TOOLS = ("web_search", "code_executor", "finish")
+ALL_TOOLS = ("subtitle_grounding", "audio_scout", "clip_grounding", "frame_confirm") + GLOBAL_TOOLS
+
+# Which tools serve which preferred_source (used by can_advance and by planners that route by source).
+SOURCE_TOOLS = {
+    "subtitle": ("subtitle_grounding",),
+    "audio": ("audio_scout", "subtitle_grounding"),
+    "visual": ("frame_confirm", "clip_grounding"),
+    "web": ("web_search",),
+    "computation": ("code_executor",),
+}
+
+
+def _check(value: Any, allowed: tuple, what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"invalid {what} {value!r}; expected one of {allowed}")
+
+
+def normalize_value(value: Any) -> str:
+    """Canonical form used to decide whether two values agree (format differences are not conflicts)."""
+    s = str(value).strip().lower()
+    s = re.sub(r"[\s,$%]+", " ", s).strip()
+    s = s.rstrip(".")
+    try:
+        f = float(s.replace(" ", ""))
+        return repr(round(f, 6))
+    except ValueError:
+        return re.sub(r"[^\w.\- ]", "", s)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# R0: immutable task context
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Asset:
+    id: str
+    type: Literal["video", "audio", "image"]
+    duration: float | None = None
+    path: str | None = None
+
+    def __post_init__(self):
+        _check(self.type, tuple(PERCEPTION_TOOLS), "asset type")
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_steps: int = 15  # T in Algorithm 1
+    max_revisions: int = 2  # blocked finishes allowed before the answer is forced
+    unfillable_after: int = 3  # failed attempts on one need before it is marked unfillable
+
+    def __post_init__(self):
+        if self.max_steps < 1 or self.max_revisions < 0 or self.unfillable_after < 1:
+            raise ValueError(f"invalid budget {self}")
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """R0. Never changes during a run."""
+
+    task_id: str
+    question: str
+    assets: tuple[Asset, ...] = ()
+    answer_format: str = "short answer"
+    options: tuple[str, ...] = ()
+    allowed_tools: tuple[str, ...] = ALL_TOOLS
+    budget: Budget = field(default_factory=Budget)
+
+    def tools(self) -> tuple[str, ...]:
+        """The action space A(R0): perception tools for the assets present, plus the allowed global tools."""
+        offered: list[str] = []
+        for a in self.assets:
+            for t in PERCEPTION_TOOLS[a.type]:
+                if t not in offered:
+                    offered.append(t)
+        offered += [t for t in GLOBAL_TOOLS if t not in offered]
+        return tuple(t for t in ALL_TOOLS if t in offered and (t in self.allowed_tools or t == "finish"))
+
+    def asset(self, asset_id: str | None) -> Asset | None:
+        for a in self.assets:
+            if a.id == asset_id:
+                return a
+        return None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Ledger records
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NeedSpec:
+    """A need as declared by the need parser (before it has any runtime state)."""
+
+    need: str
+    preferred_source: str = "web"
+    closure_level: str = "blocking"
+    need_role: str = "external_fact"
+    depends_on: tuple[int, ...] = ()
+    query_focus: str = ""
+
+    def __post_init__(self):
+        _check(self.preferred_source, SOURCES, "preferred_source")
+        _check(self.closure_level, CLOSURE_LEVELS, "closure_level")
+        _check(self.need_role, NEED_ROLES, "need_role")
+
+
+@dataclass(frozen=True)
+class Need:
+    index: int
+    need: str
+    preferred_source: str
+    closure_level: str
+    need_role: str
+    depends_on: tuple[int, ...]
+    query_focus: str
+    status: str = "unfilled"
+    filled_by: str | None = None
+    value: str | None = None
+    attempts: int = 0  # failed attempts (no progress) targeted at this need
+    note: str = ""
+
+    @property
+    def open(self) -> bool:
+        return self.status in OPEN_STATUSES
+
+    @property
+    def blocking(self) -> bool:
+        return self.closure_level == "blocking"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """F: one fact or computation slot per blocking need; filled with the need's verified value."""
+
+    name: str
+    kind: Literal["fact", "compute"]
+    need_index: int
+    value: str | None = None
+    atom_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Atom:
+    """E: a confirmed piece of evidence with its provenance."""
+
+    id: str
+    need_index: int | None
+    value: str | None
+    content: str
+    source: str  # tool name
+    asset_id: str | None = None
+    span: tuple[float, float] | None = None
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """C: contradicting atoms about one need; both atoms are kept, nothing is overwritten."""
+
+    id: str
+    need_index: int
+    type: str  # value | temporal | entity | source
+    severity: str  # blocking | minor
+    description: str
+    atom_ids: tuple[str, ...]
+    resolved: bool = False
+    resolved_by: str | None = None
+
+
+@dataclass(frozen=True)
+class GapDiagnosis:
+    gap_type: str  # sufficient | insufficient | conflicting | blocked_finish
+    description: str
+
+
+@dataclass(frozen=True)
+class EntityCard:
+    name: str
+    summary: str
+    atom_id: str | None = None
+
+
+@dataclass(frozen=True)
+class FactBridge:
+    need_index: int
+    query: str
+    value: str | None
+    source: str
+    atom_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Ledger:
+    needs: tuple[Need, ...] = ()
+    slots: tuple[Slot, ...] = ()
+    atoms: tuple[Atom, ...] = ()
+    conflicts: tuple[Conflict, ...] = ()
+    gap_diagnosis: GapDiagnosis | None = None
+    entity_cards: tuple[EntityCard, ...] = ()
+    fact_bridges: tuple[FactBridge, ...] = ()
+    tool_call_counts: tuple[tuple[str, int], ...] = ()
+    failed_calls: tuple[str, ...] = ()  # signatures of calls that made no progress (exhausted)
+    steps: int = 0
+    blocked_finishes: int = 0
+    revisions: int = 0
+    model_errors: int = 0
+    tool_errors: int = 0
+    seq: int = 0  # number of events reduced so far
+    unfillable_after: int = 3
+    answer: str | None = None
+    outcome: str | None = None
+    last_verdict: str | None = None
+
+    # ---- views -----------------------------------------------------------------------------------------------------
+    def need(self, i: int) -> Need:
+        return self.needs[i]
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.tool_call_counts)
+
+    def open_blocking(self) -> list[Need]:
+        return [n for n in self.needs if n.blocking and n.status != "filled"]
+
+    def unresolved_conflicts(self) -> list[Conflict]:
+        return [c for c in self.conflicts if not c.resolved]
+
+    def actionable_indices(self) -> list[int]:
+        """Open needs whose dependencies are all terminal (filled or unfillable)."""
+        return [n.index for n in self.needs if n.open and self._deps_terminal(n)]
+
+    def blocked_indices(self) -> list[int]:
+        return [n.index for n in self.needs if n.open and not self._deps_terminal(n)]
+
+    def _deps_terminal(self, n: Need) -> bool:
+        return all(self.needs[d].status in TERMINAL_STATUSES for d in n.depends_on)
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Events: the only way into the ledger
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NormalizedObservation:
+    """A tool response in the one shape the critic and reducer read (paper: NormalizedToolObservation)."""
+
+    tool: str
+    ok: bool
+    summary: str  # bounded text the critic reads
+    asset_id: str | None = None
+    span: tuple[float, float] | None = None
+    items: tuple[str, ...] = ()  # individual snippets (subtitle lines, search hits, stdout lines)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class NeedUpdate:
+    """One entry of the critic's updated_need_statuses."""
+
+    need_index: int
+    status: str
+    value: str | None = None
+    filled_by: str | None = None
+    evidence: str = ""  # the quoted support for the value
+    revised_query_focus: str | None = None
+    revised_need_role: str | None = None
+    add_depends_on: tuple[int, ...] = ()
+    entity: str | None = None  # optional entity card name for anchor needs
+
+    def __post_init__(self):
+        _check(self.status, NEED_STATUSES, "need status")
+        if self.revised_need_role is not None:
+            _check(self.revised_need_role, NEED_ROLES, "need_role")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    gap_type: str = ""
+    description: str = ""
+    updates: tuple[NeedUpdate, ...] = ()
+
+    def __post_init__(self):
+        _check(self.verdict, VERDICTS, "verdict")
+
+
+@dataclass(frozen=True)
+class NeedsDeclared:
+    needs: tuple[NeedSpec, ...]
+    unfillable_after: int = 3
+    kind: str = "needs_declared"
+
+
+@dataclass(frozen=True)
+class ObservationCommitted:
+    tool: str
+    arguments: str  # canonical JSON of the call arguments
+    observation: NormalizedObservation
+    verdict: Verdict
+    target_need: int | None = None
+    kind: str = "observation_committed"
+
+
+@dataclass(frozen=True)
+class FinishBlocked:
+    answer: str
+    diagnosis: str
+    kind: str = "finish_blocked"
+
+
+@dataclass(frozen=True)
+class AnswerAccepted:
+    answer: str
+    forced: bool = False
+    kind: str = "answer_accepted"
+
+
+@dataclass(frozen=True)
+class ModelError:
+    error: str  # one of MODEL_ERROR_KINDS
+    detail: str
+    role: str = "planner"
+    kind: str = "model_error"
+
+    def __post_init__(self):
+        _check(self.error, MODEL_ERROR_KINDS, "model error kind")
+
+
+@dataclass(frozen=True)
+class ToolError:
+    tool: str
+    arguments: str
+    error: str
+    target_need: int | None = None
+    kind: str = "tool_error"
+
+
+@dataclass(frozen=True)
+class Stop:
+    outcome: str
+    reason: str = ""
+    answer: str | None = None
+    kind: str = "stop"
+
+    def __post_init__(self):
+        _check(self.outcome, OUTCOMES, "outcome")
+
+
+Event = NeedsDeclared | ObservationCommitted | FinishBlocked | AnswerAccepted | ModelError | ToolError | Stop
+EVENT_TYPES: dict[str, type] = {
+    "needs_declared": NeedsDeclared,
+    "observation_committed": ObservationCommitted,
+    "finish_blocked": FinishBlocked,
+    "answer_accepted": AnswerAccepted,
+    "model_error": ModelError,
+    "tool_error": ToolError,
+    "stop": Stop,
+}
+
+
+def call_signature(tool: str, arguments: str) -> str:
+    """Stable id of a tool call (used to mark exhausted calls)."""
+    return hashlib.sha1(f"{tool}\x00{arguments}".encode()).hexdigest()[:16]
+
+
+def canonical_args(arguments: dict | None) -> str:
+    return json.dumps(arguments or {}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The reducer
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def initial_ledger() -> Ledger:
+    return Ledger()
+
+
+def reduce(state: Ledger, event: Event) -> Ledger:
+    """S_{t+1} = S_t (+) event. Pure and deterministic; raises on programmer errors (bad event, finished run)."""
+    if state.done:
+        raise ValueError(f"ledger already finished with outcome {state.outcome!r}; got {event.kind}")
+    seq = state.seq + 1
+    if isinstance(event, NeedsDeclared):
+        new = _declare(state, event)
+    elif isinstance(event, ObservationCommitted):
+        new = _commit(state, event, seq)
+    elif isinstance(event, ToolError):
+        new = _tool_error(state, event)
+    elif isinstance(event, FinishBlocked):
+        new = replace(
+            state,
+            steps=state.steps + 1,
+            blocked_finishes=state.blocked_finishes + 1,
+            revisions=state.revisions + 1,
+            gap_diagnosis=GapDiagnosis("blocked_finish", event.diagnosis),
+        )
+    elif isinstance(event, AnswerAccepted):
+        outcome = "forced" if event.forced else ("repaired" if state.blocked_finishes else "accepted")
+        new = replace(state, steps=state.steps + 1, answer=event.answer, outcome=outcome)
+    elif isinstance(event, ModelError):
+        new = replace(
+            state,
+            steps=state.steps + (1 if event.role == "planner" else 0),
+            model_errors=state.model_errors + 1,
+        )
+    elif isinstance(event, Stop):
+        new = replace(state, outcome=event.outcome, answer=event.answer if event.answer is not None else state.answer)
+    else:
+        raise TypeError(f"unknown event {event!r}")
+    return replace(new, seq=seq)
+
+
+def _declare(state: Ledger, ev: NeedsDeclared) -> Ledger:
+    if state.needs:
+        raise ValueError("needs are declared once per task")
+    n = len(ev.needs)
+    needs = []
+    for i, s in enumerate(ev.needs):
+        deps = tuple(sorted({d for d in s.depends_on if isinstance(d, int) and 0 <= d < n and d != i}))
+        needs.append(
+            Need(i, s.need, s.preferred_source, s.closure_level, s.need_role, deps, s.query_focus or s.need)
+        )
+    needs = _break_cycles(needs)
+    slots = tuple(
+        Slot(f"n{nd.index}", "compute" if nd.need_role == "compute" else "fact", nd.index)
+        for nd in needs
+        if nd.blocking
+    )
+    return replace(state, needs=tuple(needs), slots=slots, unfillable_after=max(1, ev.unfillable_after))
+
+
+def _break_cycles(needs: list[Need]) -> list[Need]:
+    """Dependencies may only point to earlier needs (a DAG in declaration order); later ones are dropped."""
+    return [replace(nd, depends_on=tuple(d for d in nd.depends_on if d < nd.index)) for nd in needs]
+
+
+def _bump(counts: tuple[tuple[str, int], ...], tool: str) -> tuple[tuple[str, int], ...]:
+    d = dict(counts)
+    d[tool] = d.get(tool, 0) + 1
+    return tuple(sorted(d.items()))
+
+
+def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
+    needs = list(state.needs)
+    slots = list(state.slots)
+    atoms = list(state.atoms)
+    conflicts = list(state.conflicts)
+    cards = list(state.entity_cards)
+    bridges = list(state.fact_bridges)
+    progressed: set[int] = set()
+    obs = ev.observation
+    for k, up in enumerate(ev.verdict.updates):
+        if not (0 <= up.need_index < len(needs)):
+            continue  # critic referenced a need that does not exist: ignored (recorded in the event itself)
+        nd = needs[up.need_index]
+        if nd.status == "unfillable":
+            continue  # terminal
+        # control-field revisions are always allowed (they change no evidence)
+        if up.revised_query_focus:
+            nd = replace(nd, query_focus=up.revised_query_focus)
+        if up.revised_need_role:
+            nd = replace(nd, need_role=up.revised_need_role)
+        if up.add_depends_on:
+            extra = {d for d in up.add_depends_on if 0 <= d < nd.index}
+            nd = replace(nd, depends_on=tuple(sorted(set(nd.depends_on) | extra)))
+        if up.status == "filled" and up.value is not None and str(up.value).strip():
+            atom = Atom(
+                id=f"a{seq}.{k}",
+                need_index=nd.index,
+                value=str(up.value),
+                content=(up.evidence or obs.summary)[:500],
+                source=up.filled_by or ev.tool,
+                asset_id=obs.asset_id,
+                span=obs.span,
+                step=state.steps + 1,
+            )
+            atoms.append(atom)
+            open_c = [c for c in conflicts if c.need_index == nd.index and not c.resolved]
+            if open_c:
+                # A new source on a contested need: it resolves the conflict when it agrees with exactly one side.
+                c = open_c[0]
+                sides = {normalize_value(_atom(atoms, a).value) for a in c.atom_ids}
+                if normalize_value(atom.value) in sides:
+                    conflicts[conflicts.index(c)] = replace(c, resolved=True, resolved_by=atom.id)
+                    nd = replace(nd, status="filled", value=atom.value, filled_by=atom.source)
+                    progressed.add(nd.index)
+                else:
+                    conflicts[conflicts.index(c)] = replace(c, atom_ids=c.atom_ids + (atom.id,))
+            elif nd.value is not None and normalize_value(nd.value) != normalize_value(atom.value):
+                # Contradiction: keep both atoms, write a conflict, reopen the need as partial. Never overwrite.
+                prior = [a.id for a in atoms[:-1] if a.need_index == nd.index and a.value is not None]
+                conflicts.append(
+                    Conflict(
+                        id=f"c{seq}.{k}",
+                        need_index=nd.index,
+                        type="value",
+                        severity="blocking" if nd.blocking else "minor",
+                        description=f"need {nd.index}: {nd.value!r} vs {atom.value!r} ({atom.source})",
+                        atom_ids=tuple(prior[-1:]) + (atom.id,),
+                    )
+                )
+                nd = replace(nd, status="partial")
+                progressed.add(nd.index)
+            elif nd.value is not None:
+                progressed.add(nd.index)  # corroboration: same value from another call
+                if nd.status != "filled":
+                    nd = replace(nd, status="filled")
+            else:
+                nd = replace(nd, status="filled", value=atom.value, filled_by=atom.source)
+                progressed.add(nd.index)
+            if nd.status == "filled":
+                if up.entity:
+                    cards = [c for c in cards if c.name != up.entity] + [
+                        EntityCard(up.entity, f"{nd.need}: {nd.value}", atom.id)
+                    ]
+                if atom.source == "web_search":
+                    bridges = [b for b in bridges if b.need_index != nd.index] + [
+                        FactBridge(nd.index, ev.arguments[:200], nd.value, atom.source, atom.id)
+                    ]
+        elif up.status == "partial" and nd.status == "unfilled":
+            nd = replace(nd, status="partial")
+            progressed.add(nd.index)
+        elif up.status == "unfillable" and nd.status != "filled":
+            nd = replace(nd, status="unfillable", note="critic: unfillable")
+        needs[nd.index] = nd
+    # failed attempt accounting on the targeted need
+    failed_calls = state.failed_calls
+    tgt = ev.target_need
+    if not progressed:
+        failed_calls = failed_calls + (call_signature(ev.tool, ev.arguments),)
+        if tgt is not None and 0 <= tgt < len(needs) and needs[tgt].open:
+            nd = needs[tgt]
+            nd = replace(nd, attempts=nd.attempts + 1)
+            if nd.attempts >= state.unfillable_after:
+                nd = replace(nd, status="unfillable", note=f"{nd.attempts} failed attempts")
+            needs[tgt] = nd
+    needs = _propagate_unfillable(needs)
+    slots = [_sync_slot(s, needs[s.need_index], atoms) for s in slots]
+    gap = GapDiagnosis(ev.verdict.gap_type or ev.verdict.verdict.lower(), ev.verdict.description)
+    return replace(
+        state,
+        needs=tuple(needs),
+        slots=tuple(slots),
+        atoms=tuple(atoms),
+        conflicts=tuple(conflicts),
+        entity_cards=tuple(cards),
+        fact_bridges=tuple(bridges),
+        tool_call_counts=_bump(state.tool_call_counts, ev.tool),
+        failed_calls=failed_calls,
+        steps=state.steps + 1,
+        gap_diagnosis=gap,
+        last_verdict=ev.verdict.verdict,
+    )
+
+
+def _atom(atoms: list[Atom], atom_id: str) -> Atom:
+    for a in atoms:
+        if a.id == atom_id:
+            return a
+    raise KeyError(atom_id)
+
+
+def _propagate_unfillable(needs: list[Need]) -> list[Need]:
+    """An open need that depends on an unfillable need can never be pursued: it becomes unfillable too."""
+    changed = True
+    while changed:
+        changed = False
+        for i, nd in enumerate(needs):
+            if nd.open and any(needs[d].status == "unfillable" for d in nd.depends_on):
+                needs[i] = replace(nd, status="unfillable", note="upstream need unfillable")
+                changed = True
+    return needs
+
+
+def _sync_slot(slot: Slot, nd: Need, atoms: list[Atom]) -> Slot:
+    if nd.status == "filled" and nd.value is not None:
+        atom_id = next((a.id for a in reversed(atoms) if a.need_index == nd.index and a.value == nd.value), None)
+        return replace(slot, value=nd.value, atom_id=atom_id)
+    return replace(slot, value=None, atom_id=None)
+
+
+def _tool_error(state: Ledger, ev: ToolError) -> Ledger:
+    needs = list(state.needs)
+    tgt = ev.target_need
+    if tgt is not None and 0 <= tgt < len(needs) and needs[tgt].open:
+        nd = replace(needs[tgt], attempts=needs[tgt].attempts + 1)
+        if nd.attempts >= state.unfillable_after:
+            nd = replace(nd, status="unfillable", note=f"{nd.attempts} failed attempts")
+        needs[tgt] = nd
+    needs = _propagate_unfillable(needs)
+    slots = [_sync_slot(s, needs[s.need_index], list(state.atoms)) for s in state.slots]
+    return replace(
+        state,
+        needs=tuple(needs),
+        slots=tuple(slots),
+        tool_call_counts=_bump(state.tool_call_counts, ev.tool),
+        failed_calls=state.failed_calls + (call_signature(ev.tool, ev.arguments),),
+        steps=state.steps + 1,
+        tool_errors=state.tool_errors + 1,
+    )
+
+
+def replay(events: list[Event], state: Ledger | None = None) -> Ledger:
+    s = state or initial_ledger()
+    for e in events:
+        s = reduce(s, e)
+    return s
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Readiness and stopping
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def ready(s: Ledger) -> bool:
+    """ready(S) = (U^b = {}) and complete(F) and (C unresolved = {})  (v3 §3.3).
+
+    A blocking need that was marked unfillable is terminal but leaves its slot empty, so the ledger is not ready."""
+    return (
+        bool(s.needs)
+        and not s.open_blocking()
+        and all(slot.value is not None for slot in s.slots)
+        and not s.unresolved_conflicts()
+    )
+
+
+def _tool_serves_asset(tool: str, r0: TaskContext, asset_id: Any) -> bool:
+    if tool in GLOBAL_TOOLS:
+        return True
+    if asset_id is None:
+        return any(tool in PERCEPTION_TOOLS[a.type] for a in r0.assets)
+    a = r0.asset(str(asset_id))
+    return a is not None and tool in PERCEPTION_TOOLS[a.type]
+
+
+def can_advance(tool: str, arguments: dict | None, r0: TaskContext, s: Ledger) -> bool:
+    """Could this action move the ledger forward? (allowed for R0's assets, within budget, targets an open need /
+    empty slot / unresolved conflict, and not a call that already failed)."""
+    arguments = arguments or {}
+    if tool not in r0.tools() or s.done or s.steps >= r0.budget.max_steps:
+        return False
+    if tool == "finish":
+        return ready(s) or s.revisions < r0.budget.max_revisions
+    if not _tool_serves_asset(tool, r0, arguments.get("asset_id")):
+        return False
+    if call_signature(tool, canonical_args(arguments)) in s.failed_calls:
+        return False
+    targets = set(s.actionable_indices()) | {c.need_index for c in s.unresolved_conflicts()}
+    tgt = arguments.get("need_index")
+    if tgt is not None:
+        return isinstance(tgt, int) and tgt in targets
+    return bool(targets)
+
+
+def advancing_targets(r0: TaskContext, s: Ledger) -> list[tuple[int, str]]:
+    """(need_index, tool) pairs that could still advance the ledger: an actionable need or contested need, and a tool
+    offered for R0 that serves the need's preferred source (or any perception/web/compute tool when none does)."""
+    if s.done or s.steps >= r0.budget.max_steps:
+        return []
+    offered = [t for t in r0.tools() if t != "finish"]
+    out = []
+    targets = list(dict.fromkeys(s.actionable_indices() + [c.need_index for c in s.unresolved_conflicts()]))
+    for i in targets:
+        nd = s.needs[i]
+        if nd.status == "unfillable":
+            continue
+        preferred = [t for t in SOURCE_TOOLS.get(nd.preferred_source, ()) if t in offered]
+        for t in preferred or offered:
+            out.append((i, t))
+    return out
+
+
+def any_action_can_advance(r0: TaskContext, s: Ledger) -> bool:
+    return bool(advancing_targets(r0, s))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Hash and digest
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def state_hash(s: Ledger) -> str:
+    blob = json.dumps(s.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=list)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _need_view(n: Need) -> dict:
+    return {
+        "index": n.index,
+        "need": n.need,
+        "preferred_source": n.preferred_source,
+        "closure_level": n.closure_level,
+        "status": n.status,
+        "filled_by": n.filled_by,
+        "need_role": n.need_role,
+        "depends_on": list(n.depends_on),
+        "query_focus": n.query_focus,
+        "value": n.value,
+    }
+
+
+def digest(r0: TaskContext, s: Ledger) -> dict:
+    """The bounded control projection every role reads (v1 Appendix I.3, Table 14).
+
+    Its size depends on the declared needs and the evidence (values, unresolved conflicts, one entity card per entity,
+    one fact record per need), never on the number of steps taken."""
+    return {
+        "evidence_needs": [_need_view(n) for n in s.needs],
+        "actionable_need_indices": s.actionable_indices(),
+        "blocked_need_indices": s.blocked_indices(),
+        "tool_call_counts": s.counts(),
+        "gap_diagnosis": asdict(s.gap_diagnosis) if s.gap_diagnosis else None,
+        "unresolved_conflicts": [
+            {"need_index": c.need_index, "type": c.type, "severity": c.severity, "description": c.description}
+            for c in s.unresolved_conflicts()
+        ],
+        "entity_cards": [{"name": c.name, "summary": c.summary} for c in s.entity_cards],
+        "fact_bridge_records": [{"need_index": b.need_index, "value": b.value} for b in s.fact_bridges],
+        "budget": {
+            "steps_used": s.steps,
+            "steps_left": max(0, r0.budget.max_steps - s.steps),
+            "blocked_finishes": s.blocked_finishes,
+        },
+        "finish_available": ready(s),
+    }
+
+
+def render_digest(r0: TaskContext, s: Ledger) -> str:
+    return json.dumps(digest(r0, s), ensure_ascii=False, indent=1)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# (De)serialisation of events for trajectories and replay
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def event_to_dict(e: Event) -> dict:
+    return asdict(e)
+
+
+def _build(cls, d: dict):
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if cls is NeedsDeclared and f.name == "needs":
+            v = tuple(NeedSpec(**{**x, "depends_on": tuple(x.get("depends_on", ()))}) for x in v)
+        elif cls is ObservationCommitted and f.name == "observation":
+            v = NormalizedObservation(
+                **{**v, "items": tuple(v.get("items", ())), "span": tuple(v["span"]) if v.get("span") else None}
+            )
+        elif cls is ObservationCommitted and f.name == "verdict":
+            ups = tuple(
+                NeedUpdate(**{**u, "add_depends_on": tuple(u.get("add_depends_on", ()))}) for u in v.get("updates", ())
+            )
+            v = Verdict(**{**v, "updates": ups})
+        kwargs[f.name] = v
+    return cls(**kwargs)
+
+
+def event_from_dict(d: dict) -> Event:
+    kind = d.get("kind")
+    if kind not in EVENT_TYPES:
+        raise ValueError(f"unknown event kind {kind!r}")
+    return _build(EVENT_TYPES[kind], d)
