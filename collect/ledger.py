@@ -816,3 +816,28 @@ def event_from_dict(d: dict) -> Event:
     if kind not in EVENT_TYPES:
         raise ValueError(f"unknown event kind {kind!r}")
     return _build(EVENT_TYPES[kind], d)
+
+
+def ledger_from_dict(d: dict) -> Ledger:
+    """Inverse of Ledger.to_dict() (used by rewards to evaluate the finish gate on a recorded snapshot)."""
+
+    def tup(x):
+        return tuple(x) if x is not None else None
+
+    return Ledger(
+        needs=tuple(Need(**{**n, "depends_on": tuple(n["depends_on"])}) for n in d.get("needs", ())),
+        slots=tuple(Slot(**s) for s in d.get("slots", ())),
+        atoms=tuple(Atom(**{**a, "span": tup(a.get("span"))}) for a in d.get("atoms", ())),
+        conflicts=tuple(Conflict(**{**c, "atom_ids": tuple(c["atom_ids"])}) for c in d.get("conflicts", ())),
+        gap_diagnosis=GapDiagnosis(**d["gap_diagnosis"]) if d.get("gap_diagnosis") else None,
+        entity_cards=tuple(EntityCard(**c) for c in d.get("entity_cards", ())),
+        fact_bridges=tuple(FactBridge(**b) for b in d.get("fact_bridges", ())),
+        tool_call_counts=tuple((k, v) for k, v in d.get("tool_call_counts", ())),
+        failed_calls=tuple(d.get("failed_calls", ())),
+        **{
+            k: d[k]
+            for k in ("steps", "blocked_finishes", "revisions", "model_errors", "tool_errors", "seq",
+                      "unfillable_after", "answer", "outcome", "last_verdict")
+            if k in d
+        },
+    )

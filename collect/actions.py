@@ -1,0 +1,120 @@
+"""Planner actions: parsing a planner reply into exactly one tool call, and validating it against the tool schemas.
+
+Shared by the runtime loop, the `valid` reward and evaluation, so "valid action" means one thing everywhere."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import jsonschema
+
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    arguments: dict
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "arguments": self.arguments}
+
+    def to_text(self) -> str:
+        """Canonical text form (hermes/Qwen style) used in SFT completions and by the local server."""
+        return "<tool_call>\n" + json.dumps(self.to_dict(), ensure_ascii=False) + "\n</tool_call>"
+
+    def to_tool_call(self, call_id: str = "call_0") -> dict:
+        """OpenAI message `tool_calls` entry (arguments as a JSON string)."""
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)},
+        }
+
+
+class ActionError(ValueError):
+    """What the model got wrong; `kind` is one of ledger.MODEL_ERROR_KINDS."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+def _decode_args(args) -> dict:
+    if isinstance(args, dict):
+        return args
+    if args is None or (isinstance(args, str) and not args.strip()):
+        return {}
+    if isinstance(args, str):
+        try:
+            v = json.loads(args)
+        except json.JSONDecodeError as e:
+            raise ActionError("unparseable", f"arguments are not JSON: {e}") from None
+        if not isinstance(v, dict):
+            raise ActionError("bad_arguments", "arguments must be a JSON object")
+        return v
+    raise ActionError("bad_arguments", f"arguments of type {type(args).__name__}")
+
+
+def parse_action(text: str | None, tool_calls: list | None = None) -> Action:
+    """One action from a planner reply: native `tool_calls` first, else `<tool_call>{json}</tool_call>` text,
+    else a bare JSON object with name/arguments. Raises ActionError when there is not exactly one call."""
+    calls = []
+    for tc in tool_calls or []:
+        f = tc.get("function", tc) if isinstance(tc, dict) else tc
+        if not isinstance(f, dict):
+            raise ActionError("unparseable", f"tool call of type {type(f).__name__}")
+        calls.append((f.get("name"), f.get("arguments")))
+    if not calls and text:
+        blocks = TOOL_CALL_RE.findall(text)
+        if not blocks and "<tool_call>" in text:
+            raise ActionError("unparseable", "unterminated <tool_call> block")
+        if not blocks:
+            stripped = text.strip()
+            if stripped.startswith("{") and stripped.endswith("}"):
+                blocks = [stripped]
+        for b in blocks:
+            try:
+                obj = json.loads(b)
+            except json.JSONDecodeError as e:
+                raise ActionError("unparseable", f"tool call is not JSON: {e}") from None
+            if not isinstance(obj, dict):
+                raise ActionError("unparseable", "tool call must be a JSON object")
+            calls.append((obj.get("name"), obj.get("arguments", obj.get("parameters", {}))))
+    if not calls:
+        raise ActionError("no_action", "the reply contains no tool call")
+    if len(calls) > 1:
+        raise ActionError("unparseable", f"{len(calls)} tool calls in one turn; exactly one is allowed")
+    name, args = calls[0]
+    if not isinstance(name, str) or not name:
+        raise ActionError("unparseable", "tool call without a name")
+    return Action(name, _decode_args(args))
+
+
+def schema_index(tools: list[dict]) -> dict[str, dict]:
+    out = {}
+    for t in tools:
+        f = t.get("function", t)
+        out[f["name"]] = f.get("parameters", {"type": "object"})
+    return out
+
+
+def validate_action(action: Action, tools: list[dict]) -> None:
+    """Raise ActionError unless the tool exists in this state's tool set and the arguments satisfy its schema."""
+    schemas = schema_index(tools)
+    if action.name not in schemas:
+        raise ActionError("unknown_tool", f"{action.name!r} is not one of {sorted(schemas)}")
+    try:
+        jsonschema.validate(action.arguments, schemas[action.name])
+    except jsonschema.ValidationError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise ActionError("bad_arguments", f"{action.name}.{path}: {e.message}") from None
+
+
+def parse_and_validate(text: str | None, tool_calls: list | None, tools: list[dict]) -> Action:
+    a = parse_action(text, tool_calls)
+    validate_action(a, tools)
+    return a
