@@ -469,9 +469,7 @@ def _declare(state: Ledger, ev: NeedsDeclared) -> Ledger:
     needs = []
     for i, s in enumerate(ev.needs):
         deps = tuple(sorted({d for d in s.depends_on if isinstance(d, int) and 0 <= d < n and d != i}))
-        needs.append(
-            Need(i, s.need, s.preferred_source, s.closure_level, s.need_role, deps, s.query_focus or s.need)
-        )
+        needs.append(Need(i, s.need, s.preferred_source, s.closure_level, s.need_role, deps, s.query_focus or s.need))
     needs = _break_cycles(needs)
     slots = tuple(
         Slot(f"n{nd.index}", "compute" if nd.need_role == "compute" else "fact", nd.index)
@@ -836,8 +834,18 @@ def ledger_from_dict(d: dict) -> Ledger:
         failed_calls=tuple(d.get("failed_calls", ())),
         **{
             k: d[k]
-            for k in ("steps", "blocked_finishes", "revisions", "model_errors", "tool_errors", "seq",
-                      "unfillable_after", "answer", "outcome", "last_verdict")
+            for k in (
+                "steps",
+                "blocked_finishes",
+                "revisions",
+                "model_errors",
+                "tool_errors",
+                "seq",
+                "unfillable_after",
+                "answer",
+                "outcome",
+                "last_verdict",
+            )
             if k in d
         },
     )

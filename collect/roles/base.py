@@ -77,6 +77,7 @@ class AnswerCritic(Protocol):
     async def check(
         self, r0: TaskContext, ledger: Ledger, answer: str, messages: list[dict]
     ) -> tuple[bool, str, Usage]: ...
+
     # returns (passed, revision_hint / diagnosis, usage)
 
 

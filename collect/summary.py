@@ -1,0 +1,123 @@
+"""Summaries of a run (collect or eval): accuracy with Wilson intervals, outcomes, tools, tokens, closure audit, cost.
+
+Input is the list of trajectory records (see docs/trajectory.md). Pure functions; no I/O."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from collect.ledger import OUTCOMES
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score 95% interval for k successes out of n."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _acc(records: list[dict]) -> dict:
+    judged = [r for r in records if r.get("correct") is not None]
+    k = sum(1 for r in judged if r["correct"])
+    n = len(judged)
+    lo, hi = wilson(k, n)
+    return {"n": n, "correct": k, "accuracy": (k / n) if n else None, "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def _group(records: list[dict], key: str) -> dict:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[str(r.get("task_meta", {}).get(key) or "unknown")].append(r)
+    return {g: _acc(rs) for g, rs in sorted(groups.items())}
+
+
+def planner_step_stats(records: list[dict]) -> dict:
+    """Planner decisions, and the share of them that were a parseable, schema-valid action."""
+    total = valid = 0
+    for r in records:
+        for s in r.get("steps", []):
+            if "planner_input" not in s:
+                continue
+            total += 1
+            if s.get("action") is not None:
+                valid += 1
+    return {"planner_calls": total, "valid_actions": valid, "valid_action_rate": (valid / total) if total else None}
+
+
+def closure_audit(records: list[dict]) -> dict:
+    """Share of declared needs closed (filled) at the end, for correct and incorrect runs (paper §4.6)."""
+    out = {}
+    for label, want in (("correct", True), ("incorrect", False)):
+        declared = filled = unfillable = 0
+        for r in records:
+            if r.get("correct") is not want:
+                continue
+            for nd in r.get("final_ledger", {}).get("needs", []):
+                declared += 1
+                filled += nd["status"] == "filled"
+                unfillable += nd["status"] == "unfillable"
+        out[label] = {
+            "declared_needs": declared,
+            "filled_share": (filled / declared) if declared else None,
+            "unfillable_share": (unfillable / declared) if declared else None,
+        }
+    return out
+
+
+def summarize(records: list[dict], prices_configured: bool = False) -> dict:
+    outcomes = Counter(r.get("outcome") for r in records)
+    by_outcome = {o: _acc([r for r in records if r.get("outcome") == o]) for o in OUTCOMES}
+    tool_counts: Counter = Counter()
+    n_tool_calls = []
+    tokens_by_step: dict[int, list[int]] = defaultdict(list)
+    chars_by_step: dict[int, list[int]] = defaultdict(list)
+    faults: Counter = Counter()
+    cost = 0.0
+    prompt_tokens = completion_tokens = 0
+    for r in records:
+        calls = 0
+        for s in r.get("steps", []):
+            a = s.get("action")
+            if a and a.get("name") != "finish":
+                tool_counts[a["name"]] += 1
+                calls += 1
+            if "planner_input" in s:
+                tokens_by_step[int(s["t"]) + 1].append(int(s.get("prompt_tokens") or 0))
+                chars_by_step[int(s["t"]) + 1].append(
+                    sum(len(m.get("content") or "") for m in s["planner_input"].get("messages", []))
+                )
+        n_tool_calls.append(calls)
+        for k, v in (r.get("faults") or {}).items():
+            faults[k] += v
+        for u in (r.get("usage") or {}).values():
+            if isinstance(u, dict):
+                cost += float(u.get("cost_usd") or 0.0)
+                prompt_tokens += int(u.get("prompt_tokens") or 0)
+                completion_tokens += int(u.get("completion_tokens") or 0)
+    mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
+    summary = {
+        "n_tasks": len(records),
+        **{k: v for k, v in _acc(records).items() if k != "n"},
+        "n_judged": _acc(records)["n"],
+        "by_difficulty": _group(records, "difficulty"),
+        "by_category": _group(records, "category"),
+        "by_family": _group(records, "family"),
+        "outcomes": {o: outcomes.get(o, 0) for o in OUTCOMES},
+        "accuracy_by_outcome": by_outcome,
+        "avg_tool_calls": mean(n_tool_calls),
+        "tool_distribution": dict(sorted(tool_counts.items())),
+        "planner_prompt_tokens_by_step": {str(k): round(mean(v), 1) for k, v in sorted(tokens_by_step.items())},
+        "planner_prompt_chars_by_step": {str(k): round(mean(v), 1) for k, v in sorted(chars_by_step.items())},
+        **planner_step_stats(records),
+        "closure_audit": closure_audit(records),
+        "faults": dict(sorted(faults.items())),
+        "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
+    }
+    if prices_configured:
+        summary["cost_usd"] = {"total": round(cost, 6), "per_task": round(cost / len(records), 6) if records else None}
+    return summary
