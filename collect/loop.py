@@ -1,0 +1,302 @@
+"""The runtime loop (v3 Algorithm 1) for the arms `ledger` (the method), `react` and `memory`; returns a trajectory.
+
+Algorithm 1 -> this code (ledger arm):
+  S_0 <- needs(R0)                      need_parser.parse -> NeedsDeclared -> reduce
+  for t = 1..T:                         `while ledger.steps < T` (every planner call is one step, errors included)
+    if not ready(S) and no a with can_advance(a, R0, S): return insufficient
+                                        `any_action_can_advance` before the planner call -> Stop(insufficient)
+    d_t <- digest(R0, S_t); a_t <- decide(d_t; A(R0))
+                                        render_planner_messages(r0, ledger, latest observation) -> planner.decide ->
+                                        parse_action + validate_action; a model error -> ModelError, next step
+    if a_t = finish:
+      if not ready(S_t): S <- S (+) blocked-finish diagnosis          FinishBlocked (gate; no finalizer call)
+      else y <- finalize(S_t); if answer_critic(y) = PASS: return y  AnswerAccepted (accepted | repaired)
+           else S <- S (+) blocked-finish diagnosis                   FinishBlocked(hint)
+    else o_t <- execute(a_t); v_t <- critic(d_t, o_t); S <- S (+) event(o_t, v_t)
+                                        execute -> critic.judge -> ObservationCommitted; ToolFailure -> ToolError
+  return budget_exhausted               Stop(budget_exhausted)
+Departures from the textbook, all explicit:
+  * Forced answer: a finish attempted once blocked_finishes >= max_revisions skips gate and answer critic; the
+    finalizer drafts from the ledger and AnswerAccepted(forced=True) ends the run (outcome `forced`).
+  * The latest raw observation (or the error/blocked-finish note) is shown to the planner once, truncated; the
+    digest is the planner's only memory in the ledger arm.
+  * insufficient / budget_exhausted end without an answer (no unsupported answer is forced).
+Arms over the same tools and budget:
+  react:  the planner sees R0 + its own assistant tool_call / tool messages (raw observations accumulate); finish
+          returns the planner's answer at once (no gate, no finalizer, no answer critic, no insufficient stop). The
+          need parser and critic still run so the ledger is recorded for audit, but the planner never sees them.
+  memory: the planner sees R0 + a rolling summary (summarizer after each observation, capped at the length of the
+          rendered digest at that step) + the latest observation; critic, gate and stopping as in `ledger`.
+Model errors (unparseable reply, unknown tool, bad arguments, unreadable critic output) and tool failures become
+events and the loop goes on; anything else (transport errors after retries, bugs) raises.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+from collect.actions import ActionError, parse_action, validate_action
+from collect.config import RuntimeConfig
+from collect.ledger import (
+    AnswerAccepted,
+    FinishBlocked,
+    Ledger,
+    ModelError,
+    NeedsDeclared,
+    ObservationCommitted,
+    Stop,
+    TaskContext,
+    ToolError,
+    any_action_can_advance,
+    canonical_args,
+    event_to_dict,
+    initial_ledger,
+    ready,
+    reduce,
+    render_digest,
+    state_hash,
+)
+from collect.roles import render
+from collect.roles.base import Roles, Usage
+from collect.roles.openai_roles import CRITIC_ERROR_GAP
+from collect.trajectory import config_hash
+
+try:  # the real tools package is written in parallel; its ToolFailure is the exception tools raise
+    from collect.tools import ToolFailure
+except ImportError:  # pragma: no cover - until collect/tools exists
+
+    class ToolFailure(Exception):  # type: ignore[no-redef]
+        """Stand-in until collect.tools defines it: a tool that could not produce an observation."""
+
+
+def _task_parts(task_or_r0) -> tuple[TaskContext, str | None]:
+    """(R0, gold answer or None) from a TaskContext or a task object with `to_context()` / `r0` and `answer`."""
+    if isinstance(task_or_r0, TaskContext):
+        return task_or_r0, None
+    to_ctx = getattr(task_or_r0, "to_context", None) or getattr(task_or_r0, "r0", None)
+    if callable(to_ctx):
+        r0 = to_ctx()
+    elif isinstance(to_ctx, TaskContext):
+        r0 = to_ctx
+    else:
+        raise TypeError(f"run_task: expected a TaskContext or a task with to_context(), got {type(task_or_r0)}")
+    gold = getattr(task_or_r0, "answer", None) or getattr(task_or_r0, "gold_answer", None)
+    return r0, None if gold is None else str(gold)
+
+
+def _blocked_reason(ledger: Ledger) -> str:
+    parts = []
+    ob = [n.index for n in ledger.open_blocking()]
+    if ob:
+        parts.append(f"blocking needs not filled: {ob}")
+    empty = [s.need_index for s in ledger.slots if s.value is None]
+    if empty and not ob:
+        parts.append(f"empty slots for needs {empty}")
+    uc = [c.need_index for c in ledger.unresolved_conflicts()]
+    if uc:
+        parts.append(f"unresolved conflicts on needs {uc}")
+    return "finish blocked: the ledger is not ready (" + "; ".join(parts or ["no needs"]) + ")"
+
+
+class _Run:
+    """Mutable bookkeeping of one task run: the ledger, the recorded events and usage per role."""
+
+    def __init__(self, r0: TaskContext, roles: Roles, cfg: RuntimeConfig):
+        self.r0, self.roles, self.cfg = r0, roles, cfg
+        self.ledger = initial_ledger()
+        self.usage: dict[str, Usage] = {}
+        self.step_events: list[dict] = []
+
+    def apply(self, event) -> None:
+        self.ledger = reduce(self.ledger, event)
+        self.step_events.append(event_to_dict(event))
+
+    def account(self, role: str, u: Usage) -> None:
+        self.usage.setdefault(role, Usage(model=u.model)).add(u)
+
+
+async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig) -> dict:
+    """Run one task to its outcome and return its trajectory record (see docs/trajectory.md)."""
+    cfg = runtime_cfg
+    r0, gold = _task_parts(task_or_r0)
+    r0 = replace(r0, budget=cfg.budget())  # the runtime config is the one source of the budget
+    if cfg.arm == "memory" and roles.summarizer is None:
+        raise ValueError(f"task {r0.task_id}: arm 'memory' needs roles.summarizer")
+    run = _Run(r0, roles, cfg)
+    T = cfg.max_steps
+    max_obs = cfg.max_observation_chars
+
+    # ---- S_0: needs --------------------------------------------------------------------------------------------
+    np_messages = render.render_need_parser_messages(r0)
+    needs, u = await roles.need_parser.parse(r0, np_messages)
+    run.account("need_parser", u)
+    run.apply(NeedsDeclared(tuple(needs), unfillable_after=cfg.unfillable_after))
+    initial_events, run.step_events = run.step_events, []
+    needs_json = json.dumps([asdict(n) for n in needs], ensure_ascii=False)
+
+    tools = render.tools_for(r0, toolbox.schemas())
+    latest: str | None = None  # shown once to the planner at the next step
+    summary = ""  # memory arm
+    history: list[dict] = []  # react arm
+    steps: list[dict] = []
+    final_events: list[dict] = []
+
+    while not run.ledger.done:
+        if run.ledger.steps >= T:
+            run.apply(Stop("budget_exhausted", f"{T} steps used"))
+            final_events, run.step_events = run.step_events, []
+            break
+        if cfg.arm != "react" and not ready(run.ledger) and not any_action_can_advance(r0, run.ledger):
+            run.apply(Stop("insufficient", "not ready and no action can advance the ledger"))
+            final_events, run.step_events = run.step_events, []
+            break
+
+        ledger_before = run.ledger
+        messages = render.render_planner_messages(
+            r0, ledger_before, latest, cfg.arm, max_observation_chars=max_obs, summary=summary, history=history
+        )
+        reply = await roles.planner.decide(messages, tools, r0=r0, ledger=ledger_before)
+        run.account("planner", reply.usage)
+        step = {
+            "t": ledger_before.steps + 1,
+            "latest_observation": latest,  # what render_planner_messages received (re-render: same bytes)
+            "planner_input": {"messages": messages, "tools": tools},
+            "planner_output": {"text": reply.text, "tool_calls": reply.tool_calls},
+            "action": None,
+            "raw_observation": "",
+            "observation": None,
+            "verdict": None,
+            "ledger_before": ledger_before.to_dict(),
+            "prompt_tokens": reply.usage.prompt_tokens,
+            "completion_tokens": reply.usage.completion_tokens,
+            "latency_s": reply.usage.latency_s,
+        }
+        try:
+            action = parse_action(reply.text, reply.tool_calls)
+            validate_action(action, tools)
+        except ActionError as e:
+            run.apply(ModelError(e.kind, e.detail[:500], role="planner"))
+            latest = (
+                f"Your previous reply was rejected ({e.kind}): {e.detail[:300]}. Reply with exactly one tool call."
+            )
+            if cfg.arm == "react":
+                history += [
+                    {"role": "assistant", "content": reply.text or ""},
+                    {"role": "user", "content": latest},
+                ]
+            steps.append(_close_step(step, run))
+            continue
+        step["action"] = action.to_dict()
+
+        if action.name == "finish":
+            draft = str(action.arguments.get("answer", ""))
+            latest = await _finish(run, draft)
+            steps.append(_close_step(step, run))
+            continue
+
+        # ---- tool -> observe -> critic -> reduce ------------------------------------------------------------------
+        args_c = canonical_args(action.arguments)
+        tgt = action.arguments.get("need_index")
+        tgt = tgt if isinstance(tgt, int) and not isinstance(tgt, bool) else None
+        call_id = f"call_{step['t']}"
+        try:
+            raw, obs = await toolbox.execute(action.name, action.arguments)
+        except ToolFailure as e:
+            run.apply(ToolError(action.name, args_c, str(e)[:500], target_need=tgt))
+            latest = f"Tool {action.name} failed: {str(e)[:300]}"
+            step["raw_observation"] = latest
+            if cfg.arm == "react":
+                history += [
+                    {"role": "assistant", "content": "", "tool_calls": [action.to_tool_call(call_id)]},
+                    {"role": "tool", "tool_call_id": call_id, "content": latest},
+                ]
+            steps.append(_close_step(step, run))
+            continue
+        raw_shown = render.truncate(raw, max_obs)
+        crit_messages = render.render_critic_messages(r0, run.ledger, action.name, action.arguments, raw, obs, max_obs)
+        verdict, u = await roles.critic.judge(r0, run.ledger, action.name, action.arguments, obs, crit_messages)
+        run.account("critic", u)
+        if verdict.gap_type == CRITIC_ERROR_GAP:
+            run.apply(ModelError("role_output", verdict.description[:500], role="critic"))
+        digest_len_before_commit = len(render_digest(r0, run.ledger))
+        run.apply(ObservationCommitted(action.name, args_c, obs, verdict, target_need=tgt))
+        step.update(raw_observation=raw_shown, observation=asdict(obs), verdict=asdict(verdict))
+        latest = raw
+        if cfg.arm == "react":
+            history += [
+                {"role": "assistant", "content": "", "tool_calls": [action.to_tool_call(call_id)]},
+                {"role": "tool", "tool_call_id": call_id, "content": raw_shown},
+            ]
+        elif cfg.arm == "memory":
+            cap = max(digest_len_before_commit, len(render_digest(r0, run.ledger)))
+            sm_messages = render.render_summarizer_messages(r0, summary, raw, cap, max_obs)
+            summary, u = await roles.summarizer.summarize(r0, summary, raw, cap, sm_messages)
+            summary = summary[:cap]
+            run.account("summarizer", u)
+            step["summary"] = summary
+        steps.append(_close_step(step, run))
+
+    led = run.ledger
+    usage = {role: u.to_dict() for role, u in run.usage.items()}
+    faults: dict[str, int] = {}
+    for u in run.usage.values():
+        for k, v in u.faults.items():
+            faults[k] = faults.get(k, 0) + v
+    return {
+        "task_id": r0.task_id,
+        "config_hash": config_hash(cfg, roles.models),
+        "arm": cfg.arm,
+        "models": dict(roles.models),
+        "outcome": led.outcome,
+        "answer": led.answer,
+        "correct": None,
+        "question": r0.question,
+        "gold_answer": gold,
+        "r0": r0.to_dict(),
+        "need_parse": {"input": {"messages": np_messages}, "needs": json.loads(needs_json), "output_text": needs_json},
+        "initial_events": initial_events,
+        "steps": steps,
+        "final_events": final_events,
+        "final_ledger": led.to_dict(),
+        "final_ledger_hash": state_hash(led),
+        "usage": usage,
+        "faults": faults,
+        "model_errors": led.model_errors,
+        "tool_errors": led.tool_errors,
+    }
+
+
+async def _finish(run: _Run, draft: str) -> str | None:
+    """Handle a finish action; returns the note the planner sees next (None when the run ended)."""
+    r0, roles, led = run.r0, run.roles, run.ledger
+    if run.cfg.arm == "react":
+        run.apply(AnswerAccepted(draft))
+        return None
+    if led.blocked_finishes >= r0.budget.max_revisions:
+        answer, u = await roles.finalizer.draft(r0, led, render.render_finalizer_messages(r0, led))
+        run.account("finalizer", u)
+        run.apply(AnswerAccepted(answer, forced=True))
+        return None
+    if not ready(led):
+        reason = _blocked_reason(led)
+        run.apply(FinishBlocked(draft, reason))
+        return reason
+    answer, u = await roles.finalizer.draft(r0, led, render.render_finalizer_messages(r0, led))
+    run.account("finalizer", u)
+    passed, hint, u = await roles.answer_critic.check(
+        r0, led, answer, render.render_answer_critic_messages(r0, led, answer)
+    )
+    run.account("answer_critic", u)
+    if passed:
+        run.apply(AnswerAccepted(answer))
+        return None
+    note = f"answer {answer!r} blocked by the answer check: {hint or 'no hint'}"
+    run.apply(FinishBlocked(answer, note))
+    return note
+
+
+def _close_step(step: dict, run: _Run) -> dict:
+    step["events"], run.step_events = run.step_events, []
+    step["ledger_hash"] = state_hash(run.ledger)
+    return step
