@@ -720,6 +720,17 @@ def advancing_targets(r0: TaskContext, s: Ledger) -> list[tuple[int, str]]:
     return out
 
 
+def infer_target(tool: str, s: Ledger) -> int | None:
+    """The need a call most plausibly targets when the planner did not say (no `need_index`): the first contested
+    need, else the first actionable need whose preferred source this tool serves, else None. Used so that failed
+    attempts are still charged to a need (and needs can become unfillable) with planners that omit need_index."""
+    contested = [c.need_index for c in s.unresolved_conflicts()]
+    for i in contested + s.actionable_indices():
+        if tool in SOURCE_TOOLS.get(s.needs[i].preferred_source, ()):
+            return i
+    return None
+
+
 def any_action_can_advance(r0: TaskContext, s: Ledger) -> bool:
     return bool(advancing_targets(r0, s))
 

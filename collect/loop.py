@@ -51,6 +51,7 @@ from collect.ledger import (
     any_action_can_advance,
     canonical_args,
     event_to_dict,
+    infer_target,
     initial_ledger,
     ready,
     reduce,
@@ -198,7 +199,7 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
         # ---- tool -> observe -> critic -> reduce ------------------------------------------------------------------
         args_c = canonical_args(action.arguments)
         tgt = action.arguments.get("need_index")
-        tgt = tgt if isinstance(tgt, int) and not isinstance(tgt, bool) else None
+        tgt = tgt if isinstance(tgt, int) and not isinstance(tgt, bool) else infer_target(action.name, run.ledger)
         call_id = f"call_{step['t']}"
         try:
             raw, obs = await toolbox.execute(action.name, action.arguments)
