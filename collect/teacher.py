@@ -1,0 +1,371 @@
+"""Offline, deterministic teacher roles for the embedded world.
+
+Honesty contract (what each role may read):
+- need parser: the task's GOLD CHAIN (privileged) -> NeedSpec list, gold values stripped.
+- planner: ONLY R0 (r0) and the typed ledger. It never sees the gold chain, the gold answer or task.meta. It takes the
+  first contested or actionable need, picks a tool by the need's preferred source (collect.ledger.SOURCE_TOOLS),
+  builds arguments from the need's query_focus and the values of its filled upstream needs, switches to alternatives
+  when a call already failed (ledger.failed_calls) and finishes when collect.ledger.ready(ledger).
+  For compute needs it writes a self-contained Python program from the formula in query_focus and upstream values.
+- evidence critic: the GOLD CHAIN and task.meta["alt_values"] (privileged). It fills a need when the observation
+  contains the need's gold value, and reports a need as filled with a different value when the observation asserts a
+  known wrong value (outdated listing / conflicting source), so that the reducer records a conflict.
+- finalizer and answer critic: only the ledger (final need's value; the option letter for multiple choice).
+In evaluation only the planner is swapped for a model; critic and finalizer stay fixed (paper, training setup).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from collect.actions import Action
+from collect.ledger import (
+    PERCEPTION_TOOLS,
+    SOURCE_TOOLS,
+    Ledger,
+    NeedSpec,
+    NeedUpdate,
+    NormalizedObservation,
+    TaskContext,
+    Verdict,
+    call_signature,
+    can_advance,
+    canonical_args,
+    normalize_value,
+    ready,
+)
+from collect.roles.base import PlannerReply, Roles, Usage
+from collect.tasks import Task
+from collect.world.compute import program
+
+TEACHER_MODEL = "offline-teacher"
+INSUFFICIENT = "insufficient"
+PERCEPTION_ORDER = ("subtitle_grounding", "frame_confirm", "audio_scout", "clip_grounding")
+_NUM_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*s\s*(?:and|to|-|–)\s*(\d+(?:\.\d+)?)\s*s\b")
+
+
+def _usage() -> Usage:
+    return Usage(model=TEACHER_MODEL, calls=1)
+
+
+def _as_number(s: str) -> float | None:
+    t = s.strip().replace(",", "")
+    if re.fullmatch(r"-?\d+(?:\.\d+)?", t):
+        return float(t)
+    return None
+
+
+def value_in_text(value: str, text: str) -> bool:
+    """Does the text assert this value? Numbers compare numerically against every number in the text; other values
+    match case-insensitively as whole words (so a similar name or a longer number does not count)."""
+    num = _as_number(value)
+    if num is not None:
+        for m in _NUM_RE.findall(text):
+            try:
+                if abs(float(m.replace(",", "")) - num) <= 1e-9 * max(1.0, abs(num)):
+                    return True
+            except ValueError:
+                continue
+        return False
+    v = re.sub(r"\s+", " ", value.strip())
+    t = re.sub(r"\s+", " ", text)
+    return re.search(r"(?<!\w)" + re.escape(v) + r"(?!\w)", t, re.IGNORECASE) is not None
+
+
+def _evidence_line(value: str, obs: NormalizedObservation) -> str:
+    for line in obs.items or obs.summary.splitlines():
+        if value_in_text(value, line):
+            return line[:400]
+    return obs.summary[:400]
+
+
+def final_value(r0: TaskContext, ledger: Ledger) -> str:
+    """The answer the ledger supports: the last blocking need's value (mapped to an option letter for MC)."""
+    if not ready(ledger):
+        return INSUFFICIENT
+    blocking = [n for n in ledger.needs if n.blocking and n.value is not None]
+    if not blocking:
+        return INSUFFICIENT
+    value = blocking[-1].value or ""
+    if r0.options:
+        return option_letter(value, r0.options) or value
+    return value
+
+
+def option_letter(value: str, options: tuple[str, ...] | list[str]) -> str | None:
+    nv = normalize_value(value)
+    for i, opt in enumerate(options):
+        m = re.match(r"\s*([A-Z])[.)]\s*(.*)", opt)
+        letter, text = (m.group(1), m.group(2)) if m else ("ABCDEFGH"[i], opt)
+        if normalize_value(text) == nv:
+            return letter
+    for i, opt in enumerate(options):
+        m = re.match(r"\s*([A-Z])[.)]\s*(.*)", opt)
+        letter, text = (m.group(1), m.group(2)) if m else ("ABCDEFGH"[i], opt)
+        if nv and (nv in normalize_value(text) or normalize_value(text) in nv):
+            return letter
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Need parser (privileged: gold chain)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class TeacherNeedParser:
+    def __init__(self, task: Task):
+        self._chain = task.gold_chain
+
+    async def parse(self, r0: TaskContext, messages: list[dict]) -> tuple[list[NeedSpec], Usage]:
+        specs = [
+            NeedSpec(
+                need=g.need,
+                preferred_source=g.preferred_source,
+                closure_level=g.closure_level,
+                need_role=g.need_role,
+                depends_on=tuple(g.depends_on),
+                query_focus=g.query_focus,
+            )
+            for g in self._chain
+        ]
+        return specs, _usage()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Planner (honest: R0 + ledger only)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def parse_time_range(text: str) -> tuple[float, float] | None:
+    m = _RANGE_RE.search(text)
+    return (float(m.group(1)), float(m.group(2))) if m else None
+
+
+class TeacherPlanner:
+    """Reads r0 and the ledger only (see module docstring)."""
+
+    async def decide(
+        self, messages: list[dict], tools: list[dict], *, r0: TaskContext, ledger: Ledger
+    ) -> PlannerReply:
+        offered = [t.get("function", t)["name"] for t in tools] if tools else list(r0.tools())
+        action = self.choose(r0, ledger, offered)
+        return PlannerReply(text=action.to_text(), tool_calls=[], usage=_usage())
+
+    def choose(self, r0: TaskContext, ledger: Ledger, offered: list[str]) -> Action:
+        if ready(ledger):
+            return Action("finish", {"answer": final_value(r0, ledger)})
+        contested = list(dict.fromkeys(c.need_index for c in ledger.unresolved_conflicts()))
+        targets = contested + [i for i in ledger.actionable_indices() if i not in contested]
+        for i in targets:
+            for tool, args in self.candidates(r0, ledger, i, offered, contested=i in contested):
+                if tool not in offered:
+                    continue
+                if call_signature(tool, canonical_args(args)) in ledger.failed_calls:
+                    continue
+                if can_advance(tool, args, r0, ledger):
+                    return Action(tool, args)
+        return Action("finish", {"answer": INSUFFICIENT})
+
+    # ---- candidate calls, in order of preference ----------------------------------------------------------------
+    def candidates(self, r0: TaskContext, ledger: Ledger, i: int, offered: list[str], contested: bool) -> list:
+        nd = ledger.needs[i]
+        upstream = " ".join(
+            ledger.needs[d].value
+            for d in nd.depends_on
+            if ledger.needs[d].status == "filled" and ledger.needs[d].value
+        )
+        focus = nd.query_focus or nd.need
+        query = f"{upstream} {focus}".strip()
+        if contested:
+            used = {a.source for a in ledger.atoms if a.need_index == i}
+            out = [
+                (t, args) for t, args in self._perception_calls(r0, nd, query, PERCEPTION_ORDER, None) if t not in used
+            ]
+            out.append(("web_search", {"query": f"{query} official record", "need_index": i}))
+            return out
+        if nd.preferred_source == "computation":
+            code = self._program(ledger, nd)
+            return [
+                ("code_executor", {"code": code, "need_index": i}),
+                ("code_executor", {"code": "# second attempt\n" + code, "need_index": i}),
+            ]
+        if nd.preferred_source == "web":
+            return [
+                ("web_search", {"query": query, "need_index": i}),
+                ("web_search", {"query": f"{upstream} {nd.need}".strip(), "need_index": i}),
+                ("web_search", {"query": f'"{upstream}" {focus} official record'.strip(), "need_index": i}),
+            ]
+        preferred = [t for t in SOURCE_TOOLS.get(nd.preferred_source, ()) if t in offered]
+        rest = [t for t in PERCEPTION_ORDER if t not in preferred]
+        tr = parse_time_range(focus) or parse_time_range(nd.need)
+        return self._perception_calls(r0, nd, query, preferred + rest, tr)
+
+    @staticmethod
+    def _perception_calls(r0, nd, query: str, tools, tr) -> list:
+        hinted = [a for a in r0.assets if re.search(rf"\b{re.escape(a.id)}\b", f"{nd.need} {nd.query_focus}")]
+        assets = hinted + [a for a in r0.assets if a not in hinted]
+        out = []
+        for tool in tools:
+            for a in assets:
+                if tool not in PERCEPTION_TOOLS[a.type]:
+                    continue
+                args: dict = {"asset_id": a.id, "query": query}
+                if tr is not None and a.type != "image":
+                    args["time_range"] = [tr[0], tr[1]]
+                args["need_index"] = nd.index
+                out.append((tool, args))
+        return out
+
+    @staticmethod
+    def _program(ledger: Ledger, nd) -> str:
+        m = re.match(r"\s*compute:\s*(.+)", nd.query_focus or "")
+        values = {d: ledger.needs[d].value or "" for d in nd.depends_on}
+        if m is None:  # no formula given: print the upstream values so the critic can read them
+            return "\n".join(f"print({v!r})" for v in values.values()) + "\n"
+        expr = m.group(1).strip()
+        return program(expr, values)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Evidence critic (privileged: gold chain + known wrong values)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class TeacherCritic:
+    def __init__(self, task: Task):
+        self._chain = task.gold_chain
+        self._alts = {int(k): v for k, v in (task.meta.get("alt_values") or {}).items()}
+
+    async def judge(
+        self,
+        r0: TaskContext,
+        ledger: Ledger,
+        tool: str,
+        arguments: dict,
+        observation: NormalizedObservation,
+        messages: list[dict],
+    ) -> tuple[Verdict, Usage]:
+        if not observation.ok:
+            return Verdict("INSUFFICIENT", "insufficient", f"{tool} failed: {observation.error or 'error'}"), _usage()
+        text = observation.summary + "\n" + "\n".join(observation.items)
+        contested = {c.need_index for c in ledger.unresolved_conflicts()}
+        tgt = arguments.get("need_index")
+        if isinstance(tgt, int) and 0 <= tgt < len(ledger.needs):
+            cands = [tgt]
+        else:
+            cands = list(dict.fromkeys(sorted(contested) + ledger.actionable_indices()))
+        updates: list[NeedUpdate] = []
+        conflict = False
+        for i in cands:
+            if i >= len(self._chain):
+                continue
+            nd = ledger.needs[i]
+            if nd.status == "unfillable":
+                continue
+            gold = self._chain[i].gold_value
+            gold_in = gold is not None and value_in_text(gold, text)
+            alts = [a for a in self._alts.get(i, []) if value_in_text(a["value"], text)]
+            if nd.status == "filled" and i not in contested:
+                # a filled need is re-reported only when this observation contradicts it (-> reducer conflict)
+                if alts and not gold_in:
+                    updates.append(
+                        NeedUpdate(
+                            i,
+                            "filled",
+                            value=alts[0]["value"],
+                            filled_by=tool,
+                            evidence=_evidence_line(alts[0]["value"], observation),
+                        )
+                    )
+                    conflict = True
+                continue
+            anchor = nd.need_role == "anchor"
+
+            def up(v: str, i=i, anchor=anchor) -> NeedUpdate:
+                return NeedUpdate(
+                    i,
+                    "filled",
+                    value=v,
+                    filled_by=tool,
+                    evidence=_evidence_line(v, observation),
+                    entity=v if anchor else None,
+                )
+
+            if i in contested:
+                if gold_in and not alts:
+                    updates.append(up(gold))
+                elif alts and not gold_in:
+                    updates.append(up(alts[0]["value"]))
+                continue
+            conflicting = [a for a in alts if a.get("kind") == "conflicting"]
+            if gold_in and conflicting:
+                updates += [up(conflicting[0]["value"]), up(gold)]
+                conflict = True
+            elif gold_in:
+                updates.append(up(gold))
+            elif alts:
+                updates.append(up(alts[0]["value"]))
+                conflict = nd.value is not None
+        if conflict:
+            return Verdict(
+                "CONFLICTING", "conflicting", "sources disagree on a need's value", tuple(updates)
+            ), _usage()
+        if updates:
+            return Verdict("SUFFICIENT", "sufficient", "observation supports a need's value", tuple(updates)), _usage()
+        return Verdict("INSUFFICIENT", "insufficient", f"{tool} did not contain the needed evidence"), _usage()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Finalizer, answer critic, summarizer (ledger only)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class TeacherFinalizer:
+    async def draft(self, r0: TaskContext, ledger: Ledger, messages: list[dict]) -> tuple[str, Usage]:
+        return final_value(r0, ledger), _usage()
+
+
+class TeacherAnswerCritic:
+    async def check(
+        self, r0: TaskContext, ledger: Ledger, answer: str, messages: list[dict]
+    ) -> tuple[bool, str, Usage]:
+        if not ready(ledger):
+            open_b = [n.index for n in ledger.open_blocking()]
+            return False, f"BLOCK: ledger not ready (open blocking needs {open_b})", _usage()
+        expected = final_value(r0, ledger)
+        if normalize_value(answer) != normalize_value(expected):
+            return False, f"BLOCK: answer {answer!r} differs from the ledger's final value {expected!r}", _usage()
+        return True, "PASS", _usage()
+
+
+class TeacherSummarizer:
+    """Memory arm: appends the new observation's first lines and keeps the most recent `max_chars` characters."""
+
+    async def summarize(
+        self, r0: TaskContext, summary: str, observation: str, max_chars: int, messages: list[dict]
+    ) -> tuple[str, Usage]:
+        head = " ".join(observation.strip().splitlines()[:3])
+        merged = f"{summary} | {head}".strip(" |") if summary else head
+        if len(merged) > max_chars:
+            merged = merged[len(merged) - max_chars :]
+        return merged, _usage()
+
+
+def make_teacher_roles(task: Task) -> Roles:
+    """Offline teacher roles for one task (privileged need parser and critic, honest planner; see module doc)."""
+    return Roles(
+        need_parser=TeacherNeedParser(task),
+        planner=TeacherPlanner(),
+        critic=TeacherCritic(task),
+        finalizer=TeacherFinalizer(),
+        answer_critic=TeacherAnswerCritic(),
+        summarizer=TeacherSummarizer(),
+        models={r: TEACHER_MODEL for r in ("need_parser", "planner", "critic", "finalizer", "answer_critic")},
+    )
+
+
+def teacher_needs_json(specs: list[NeedSpec]) -> str:
+    """JSON of the declared needs (what an SFT need_parse row's completion holds)."""
+    return json.dumps([{**s.__dict__, "depends_on": list(s.depends_on)} for s in specs], ensure_ascii=False)

@@ -1,0 +1,333 @@
+"""Tools: OpenAI function schemas per R0, and the ToolBox that executes one call and normalizes its observation.
+
+Tool-side failures (unknown asset, unreadable media, provider errors, sandbox crashes) raise `ToolFailure`; the loop
+records them as a ToolError event and continues. Results that simply contain nothing useful are normal observations.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from collect.ledger import PERCEPTION_TOOLS, NormalizedObservation, TaskContext
+from collect.tasks import Task
+from collect.tools import perception, web
+
+__all__ = ["DEFAULT_BLOCKED_DOMAINS", "ToolBox", "ToolFailure", "ToolsConfig", "tool_schemas"]
+
+# The benchmarks' own hosting: searching them would leak gold answers.
+DEFAULT_BLOCKED_DOMAINS = (
+    "huggingface.co/datasets/RUC-NLPIR/OmniGAIA",
+    "huggingface.co/datasets/OmniGAIA",
+    "huggingface.co/datasets/honglyhly/WorldSense",
+    "huggingface.co/datasets/WorldSense",
+    "github.com/RUC-NLPIR/OmniGAIA",
+    "github.com/OmniGAIA",
+    "jaaackhong.github.io/WorldSense",
+    "omnigaia.github.io",
+)
+
+
+class ToolFailure(Exception):
+    """A tool call that failed on the tool side (recorded as a ToolError event, never crashes the loop)."""
+
+
+@dataclass
+class ToolsConfig:
+    perception_backend: str = field(default="annotations", metadata={"help": "annotations | media"})
+    media_base_url: str = field(default="", metadata={"help": "OpenAI-compatible multimodal endpoint base URL"})
+    media_model: str = field(default="", metadata={"help": "model name at the multimodal endpoint"})
+    media_api_key_env: str = field(default="MEDIA_API_KEY", metadata={"help": "env var holding the endpoint key"})
+    media_root: str | None = field(default=None, metadata={"help": "directory that relative asset paths are under"})
+    media_timeout_s: float = field(default=120.0, metadata={"help": "per-request timeout of the perception call"})
+    frames_per_range: int = field(default=8, metadata={"help": "frames sampled from a requested time range"})
+    perception_top_k: int = field(default=4, metadata={"help": "annotation entries returned per perception call"})
+    web_backend: str = field(default="bm25", metadata={"help": "bm25 (local corpus) | http (search provider)"})
+    web_provider_url: str = field(default="", metadata={"help": "Serper-style search endpoint (POST JSON)"})
+    web_api_key_env: str = field(default="SEARCH_API_KEY", metadata={"help": "env var holding the provider key"})
+    web_fetch_pages: int = field(default=0, metadata={"help": "http backend: fetch the text of the top N pages"})
+    blocked_domains: tuple[str, ...] = field(
+        default=DEFAULT_BLOCKED_DOMAINS, metadata={"help": "hosts or host/path prefixes dropped from web results"}
+    )
+    top_k: int = field(default=5, metadata={"help": "web results per search"})
+    code_timeout_s: float = field(default=10.0, metadata={"help": "code_executor wall-clock limit"})
+    code_memory_mb: int = field(default=512, metadata={"help": "code_executor memory limit"})
+    max_observation_chars: int = field(default=4000, metadata={"help": "cap on raw observation text"})
+
+    def __post_init__(self):
+        if self.perception_backend not in ("annotations", "media"):
+            raise ValueError(f"ToolsConfig.perception_backend: {self.perception_backend!r} is not annotations|media")
+        if self.web_backend not in ("bm25", "http"):
+            raise ValueError(f"ToolsConfig.web_backend: {self.web_backend!r} is not bm25|http")
+        if self.perception_backend == "media" and not (self.media_base_url and self.media_model):
+            raise ValueError("ToolsConfig.media_base_url and media_model are required for perception_backend=media")
+        if self.web_backend == "http" and not self.web_provider_url:
+            raise ValueError("ToolsConfig.web_provider_url is required for web_backend=http")
+        if self.frames_per_range < 1 or self.top_k < 1 or self.max_observation_chars < 100:
+            raise ValueError(
+                f"ToolsConfig: frames_per_range/top_k must be >= 1 and max_observation_chars >= 100 "
+                f"(got {self.frames_per_range}, {self.top_k}, {self.max_observation_chars})"
+            )
+        self.blocked_domains = tuple(self.blocked_domains)
+
+
+_NEED_INDEX = {"type": "integer", "minimum": 0, "description": "index of the evidence need this call targets"}
+_PERCEPTION_DESC = {
+    "subtitle_grounding": "Find spoken lines / subtitles matching a query, optionally within a time range.",
+    "audio_scout": "Find speech, sound events or music matching a query, optionally within a time range.",
+    "clip_grounding": "Describe video clips (what happens) matching a query, optionally within a time range.",
+    "frame_confirm": "Inspect frames (objects, on-screen text) matching a query, optionally within a time range.",
+}
+
+
+def _perception_schema(tool: str, r0: TaskContext) -> dict:
+    assets = [a for a in r0.assets if tool in PERCEPTION_TOOLS[a.type]]
+    props: dict = {
+        "asset_id": {"type": "string", "enum": [a.id for a in assets], "description": "which asset to inspect"},
+        "query": {"type": "string", "description": "what to look or listen for"},
+    }
+    if any(a.type in ("video", "audio") for a in assets):
+        props["time_range"] = {
+            "type": "array",
+            "items": {"type": "number", "minimum": 0},
+            "minItems": 2,
+            "maxItems": 2,
+            "description": "[start, end] in seconds",
+        }
+    props["need_index"] = _NEED_INDEX
+    required = (["asset_id"] if len(r0.assets) > 1 else []) + ["query"]
+    return {
+        "type": "function",
+        "function": {
+            "name": tool,
+            "description": _PERCEPTION_DESC[tool],
+            "parameters": {"type": "object", "properties": props, "required": required, "additionalProperties": False},
+        },
+    }
+
+
+def tool_schemas(r0: TaskContext, web: bool = True) -> list[dict]:
+    """OpenAI function schemas for R0's action space, in the order of r0.tools()."""
+    out = []
+    for t in r0.tools():
+        if t in _PERCEPTION_DESC:
+            out.append(_perception_schema(t, r0))
+        elif t == "web_search":
+            if not web:
+                continue
+            out.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "web_search",
+                        "description": "Search the web; returns titles, links, snippets and dates.",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {
+                                "query": {"type": "string", "description": "search query"},
+                                "need_index": _NEED_INDEX,
+                            },
+                            "required": ["query"],
+                            "additionalProperties": False,
+                        },
+                    },
+                }
+            )
+        elif t == "code_executor":
+            out.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "code_executor",
+                        "description": "Run a self-contained Python program in a sandbox; returns stdout/stderr.",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {
+                                "code": {"type": "string", "description": "Python source; print the result"},
+                                "need_index": _NEED_INDEX,
+                            },
+                            "required": ["code"],
+                            "additionalProperties": False,
+                        },
+                    },
+                }
+            )
+        elif t == "finish":
+            out.append(
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "finish",
+                        "description": "Submit a draft answer when the evidence is complete.",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"answer": {"type": "string"}},
+                            "required": ["answer"],
+                            "additionalProperties": False,
+                        },
+                    },
+                }
+            )
+    return out
+
+
+def _time_range(arguments: dict) -> tuple[float, float] | None:
+    tr = arguments.get("time_range")
+    if tr is None:
+        return None
+    if not isinstance(tr, (list, tuple)) or len(tr) != 2:
+        raise ToolFailure(f"time_range must be [start, end], got {tr!r}")
+    try:
+        lo, hi = float(tr[0]), float(tr[1])
+    except (TypeError, ValueError):
+        raise ToolFailure(f"time_range values must be numbers, got {tr!r}") from None
+    if lo < 0 or hi < lo:
+        raise ToolFailure(f"time_range must satisfy 0 <= start <= end, got {tr!r}")
+    return lo, hi
+
+
+class ToolBox:
+    """Executes one tool call for one task. `corpus` is the local web corpus (embedded world) for the bm25 backend."""
+
+    def __init__(
+        self, task: Task, r0: TaskContext, config: ToolsConfig | None = None, corpus: list[dict] | None = None
+    ):
+        self.task, self.r0 = task, r0
+        self.config = config or ToolsConfig()
+        self.corpus = corpus if corpus is not None else []
+        self._schemas = tool_schemas(r0)
+        self._media = None
+        if self.config.perception_backend == "media":
+            c = self.config
+            self._media = perception.MediaPerception(
+                c.media_base_url,
+                c.media_model,
+                c.media_api_key_env,
+                c.frames_per_range,
+                c.media_root,
+                c.media_timeout_s,
+            )
+
+    def schemas(self) -> list[dict]:
+        return self._schemas
+
+    def _cap(self, text: str) -> str:
+        n = self.config.max_observation_chars
+        return text if len(text) <= n else text[: n - 15] + " ...[truncated]"
+
+    async def execute(self, name: str, arguments: dict) -> tuple[str, NormalizedObservation]:
+        if name not in self.r0.tools() or name == "finish":
+            raise ToolFailure(f"tool {name!r} is not executable for task {self.task.id}")
+        arguments = arguments or {}
+        if name in perception.TOOL_TRACK:
+            return await self._perceive(name, arguments)
+        if name == "web_search":
+            return await self._search(arguments)
+        return await self._code(arguments)
+
+    # ---- perception ------------------------------------------------------------------------------------------------
+    async def _perceive(self, tool: str, arguments: dict) -> tuple[str, NormalizedObservation]:
+        query = str(arguments.get("query") or "").strip()
+        if not query:
+            raise ToolFailure(f"{tool}: query is required")
+        aid = arguments.get("asset_id")
+        serving = [a for a in self.task.assets if tool in PERCEPTION_TOOLS[a.type]]
+        if aid is None:
+            if len(serving) != 1:
+                raise ToolFailure(f"{tool}: asset_id is required (candidates: {[a.id for a in serving]})")
+            asset = serving[0]
+        else:
+            asset = self.task.asset(str(aid))
+            if asset is None:
+                raise ToolFailure(f"{tool}: unknown asset_id {aid!r}")
+            if tool not in PERCEPTION_TOOLS[asset.type]:
+                raise ToolFailure(f"{tool}: not available for {asset.type} asset {asset.id}")
+        tr = _time_range(arguments)
+        if self._media is not None:
+            try:
+                text = await self._media.describe(asset, tool, query, tr)
+            except perception.PerceptionError as e:
+                raise ToolFailure(f"{tool}: {e}") from None
+            raw = self._cap(text)
+            return raw, NormalizedObservation(
+                tool=tool, ok=True, summary=raw, asset_id=asset.id, span=tr, items=(raw,)
+            )
+        hits = perception.annotation_search(asset, tool, query, tr, self.config.perception_top_k)
+        items = tuple(f"[{s:.1f}-{e:.1f}s] {t}" if e > s else f"[{s:.1f}s] {t}" for s, e, t in hits)
+        where = f" in {tr[0]:.0f}-{tr[1]:.0f}s" if tr else ""
+        if items:
+            raw = self._cap(f"{tool} on {asset.id}{where} for {query!r}:\n" + "\n".join(items))
+            span = (min(h[0] for h in hits), max(h[1] for h in hits))
+        else:
+            raw = f"{tool} on {asset.id}{where} for {query!r}: nothing found."
+            span = tr
+        return raw, NormalizedObservation(tool=tool, ok=True, summary=raw, asset_id=asset.id, span=span, items=items)
+
+    # ---- web ----------------------------------------------------------------------------------------------------
+    async def _search(self, arguments: dict) -> tuple[str, NormalizedObservation]:
+        query = str(arguments.get("query") or "").strip()
+        if not query:
+            raise ToolFailure("web_search: query is required")
+        c = self.config
+        try:
+            if c.web_backend == "bm25":
+                results = web.bm25_search(self.corpus, query, c.top_k, c.blocked_domains)
+            else:
+                results = await web.http_search(
+                    c.web_provider_url, c.web_api_key_env, query, c.top_k, c.blocked_domains
+                )
+                for r in results[: c.web_fetch_pages]:
+                    try:
+                        r["snippet"] += " | page: " + await web.fetch_page(r["link"], c.blocked_domains, 1500)
+                    except web.WebError as e:
+                        r["snippet"] += f" | page unavailable ({e})"
+        except web.WebError as e:
+            raise ToolFailure(f"web_search: {e}") from None
+        items = tuple(f"{r['title']} ({r['link']}, {r['date']}): {r['snippet']}" for r in results)
+        if items:
+            raw = self._cap(f"web_search for {query!r}:\n" + "\n".join(f"{i + 1}. {t}" for i, t in enumerate(items)))
+        else:
+            raw = f"web_search for {query!r}: no results."
+        return raw, NormalizedObservation(tool="web_search", ok=True, summary=raw, items=items)
+
+    # ---- code -------------------------------------------------------------------------------------------------------
+    async def _code(self, arguments: dict) -> tuple[str, NormalizedObservation]:
+        import asyncio
+
+        from collect.tools.code_executor import run_code
+
+        code = arguments.get("code")
+        if not isinstance(code, str) or not code.strip():
+            raise ToolFailure("code_executor: code is required")
+        c = self.config
+        try:
+            res = await asyncio.to_thread(
+                run_code,
+                code,
+                timeout_s=c.code_timeout_s,
+                memory_mb=c.code_memory_mb,
+                max_output_chars=c.max_observation_chars,
+            )
+        except Exception as e:  # noqa: BLE001 - a sandbox crash is a tool-side failure, recorded as ToolError
+            raise ToolFailure(f"code_executor: sandbox error {type(e).__name__}: {e}") from None
+        status = (
+            "timed out" if res.timed_out else (f"killed ({res.killed})" if res.killed else f"exit {res.returncode}")
+        )
+        raw = self._cap(
+            f"code_executor: {status}\nstdout:\n{res.stdout}"
+            + (f"\nstderr:\n{res.stderr}" if res.stderr.strip() else "")
+        )
+        ok = res.returncode == 0 and not res.timed_out and not res.killed
+        items = tuple(x for x in res.stdout.splitlines() if x.strip())
+        return raw, NormalizedObservation(
+            tool="code_executor",
+            ok=ok,
+            summary=raw,
+            items=items,
+            error=None if ok else status + (f": {res.stderr[-300:]}" if res.stderr else ""),
+        )
+
+
+def env_key_present(name: str) -> bool:
+    """Whether the env var named in config holds a key (never returns or logs the key itself)."""
+    return bool(os.environ.get(name))

@@ -1,0 +1,145 @@
+"""web_search backends: a local BM25 index over a corpus (bm25s) and an HTTP search provider (Serper-style JSON POST)
+with an optional page fetcher. Both drop results from blocked domains (the benchmarks' own hosting)."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from urllib.parse import urlparse
+
+import httpx
+
+
+class WebError(Exception):
+    """A search that could not be served (provider error, bad response)."""
+
+
+def is_blocked(url: str, blocked: tuple[str, ...]) -> bool:
+    """A blocked entry is a host ("example.org", also matching subdomains) or a host/path prefix
+    ("huggingface.co/datasets/x/omnigaia"); matching is case-insensitive."""
+    u = urlparse(url if "://" in url else f"https://{url}")
+    host = (u.hostname or "").lower()
+    hostpath = host + (u.path or "").lower()
+    for b in blocked:
+        b = b.lower().strip().removeprefix("https://").removeprefix("http://").rstrip("/")
+        if not b:
+            continue
+        if "/" in b:
+            if hostpath.startswith(b) or hostpath.startswith("www." + b):
+                return True
+        elif host == b or host.endswith("." + b):
+            return True
+    return False
+
+
+class BM25Index:
+    """BM25 over `title + text` of corpus docs (built once per corpus and reused)."""
+
+    def __init__(self, corpus: list[dict]):
+        import bm25s
+
+        self.corpus = corpus
+        self._bm25s = bm25s
+        self.retriever = bm25s.BM25()
+        toks = bm25s.tokenize(
+            [f"{d.get('title', '')} {d.get('text', '')}" for d in corpus], stopwords="en", show_progress=False
+        )
+        self.retriever.index(toks, show_progress=False)
+
+    def search(self, query: str, k: int) -> list[tuple[dict, float]]:
+        if not self.corpus:
+            return []
+        qt = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
+        if not any(len(x) for x in qt.ids):
+            return []
+        k = min(k, len(self.corpus))
+        ids, scores = self.retriever.retrieve(qt, k=k, show_progress=False)
+        return [(self.corpus[int(i)], float(s)) for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
+
+
+_INDEX_CACHE: dict[int, tuple[list[dict], BM25Index]] = {}
+
+
+def bm25_index(corpus: list[dict]) -> BM25Index:
+    """Reuse one index per corpus object (the world corpus is shared by every task of a run)."""
+    hit = _INDEX_CACHE.get(id(corpus))
+    if hit is not None and hit[0] is corpus:
+        return hit[1]
+    idx = BM25Index(corpus)
+    _INDEX_CACHE[id(corpus)] = (corpus, idx)
+    return idx
+
+
+def bm25_search(corpus: list[dict], query: str, top_k: int, blocked: tuple[str, ...]) -> list[dict]:
+    """Top-k non-blocked docs as result dicts {title, link, snippet, date}."""
+    hits = bm25_index(corpus).search(query, top_k * 3 + 5)
+    out = []
+    for doc, _ in hits:
+        if is_blocked(doc.get("url", ""), blocked):
+            continue
+        out.append(
+            {
+                "title": doc.get("title", ""),
+                "link": doc.get("url", ""),
+                "snippet": doc.get("text", ""),
+                "date": doc.get("date", ""),
+            }
+        )
+        if len(out) >= top_k:
+            break
+    return out
+
+
+async def http_search(
+    provider_url: str, api_key_env: str, query: str, top_k: int, blocked: tuple[str, ...], timeout_s: float = 30.0
+) -> list[dict]:
+    """Serper-style provider: POST {"q", "num"} with X-API-KEY; reads `organic` [{title, link, snippet, date}]."""
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get(api_key_env) if api_key_env else None
+    if key:
+        headers["X-API-KEY"] = key
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            r = await client.post(provider_url, json={"q": query, "num": top_k}, headers=headers)
+    except httpx.HTTPError as e:
+        raise WebError(f"search provider unreachable: {type(e).__name__}") from None
+    if r.status_code != 200:
+        raise WebError(f"search provider returned HTTP {r.status_code}")
+    try:
+        data = r.json()
+    except ValueError:
+        raise WebError("search provider returned a non-JSON body") from None
+    organic = data.get("organic") if isinstance(data, dict) else None
+    if not isinstance(organic, list):
+        raise WebError("search provider response has no 'organic' list")
+    out = []
+    for item in organic:
+        if not isinstance(item, dict) or not item.get("link"):
+            continue
+        if is_blocked(str(item["link"]), blocked):
+            continue
+        out.append({k: str(item.get(k, "")) for k in ("title", "link", "snippet", "date")})
+        if len(out) >= top_k:
+            break
+    return out
+
+
+def html_to_text(body: str) -> str:
+    body = re.sub(r"(?is)<(script|style)[^>]*>.*?</\1>", " ", body)
+    body = re.sub(r"(?s)<[^>]+>", " ", body)
+    return re.sub(r"\s+", " ", html.unescape(body)).strip()
+
+
+async def fetch_page(url: str, blocked: tuple[str, ...], max_chars: int, timeout_s: float = 20.0) -> str:
+    """Plain text of a page (refuses blocked domains)."""
+    if is_blocked(url, blocked):
+        raise WebError(f"blocked domain: {urlparse(url).hostname}")
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, follow_redirects=True) as client:
+            r = await client.get(url)
+    except httpx.HTTPError as e:
+        raise WebError(f"page fetch failed: {type(e).__name__}") from None
+    if r.status_code != 200:
+        raise WebError(f"page fetch returned HTTP {r.status_code}")
+    return html_to_text(r.text)[:max_chars]

@@ -1,0 +1,110 @@
+"""The embedded world: determinism, sizes, families, vocabulary, distractors, cache."""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import time
+
+import pytest
+
+from collect.ledger import NeedSpec
+from collect.teacher import value_in_text
+from collect.world import FAMILIES, build_world, load_world
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_world(0)
+
+
+def test_same_seed_gives_identical_bytes_and_other_seed_differs(world):
+    assert build_world(0).to_json() == world.to_json()
+    assert build_world(1).to_json() != world.to_json()
+
+
+def test_sizes_splits_families_categories_difficulties(world):
+    assert len(world.tasks) >= 300
+    assert len({t.id for t in world.tasks}) == len(world.tasks)
+    splits = collections.Counter(t.split for t in world.tasks)
+    assert splits == {"train": 216, "dev": 72, "test": 72}
+    assert collections.Counter(t.family for t in world.tasks) == {f: 60 for f in FAMILIES}
+    for s in ("train", "dev", "test"):
+        assert {t.family for t in world.split(s)} == set(FAMILIES)
+    assert len({t.category for t in world.tasks}) >= 6
+    assert {t.difficulty for t in world.tasks} == {"Easy", "Medium", "Hard"}
+    with pytest.raises(ValueError, match="unknown split"):
+        world.split("validation")
+
+
+def test_gold_chains_use_ledger_vocabulary_and_point_backwards(world):
+    for t in world.tasks:
+        assert t.gold_chain, t.id
+        for i, g in enumerate(t.gold_chain):
+            NeedSpec(g.need, g.preferred_source, g.closure_level, g.need_role, tuple(g.depends_on), g.query_focus)
+            assert all(0 <= d < i for d in g.depends_on), (t.id, i)
+        if t.family == "unanswerable":
+            assert t.answer == "insufficient" and any(g.gold_value is None for g in t.gold_chain)
+        else:
+            assert all(g.gold_value for g in t.gold_chain), t.id
+    roles = {g.need_role for t in world.tasks for g in t.gold_chain}
+    assert roles == {"anchor", "external_fact", "applicability", "compute"}
+
+
+def test_media_mc_has_four_options_and_no_web(world):
+    for t in world.tasks:
+        if t.family == "media_mc":
+            assert len(t.options) == 4 and t.answer in "ABCD"
+            assert "web_search" not in t.allowed_tools and "web_search" not in t.to_context().tools()
+
+
+def test_multi_asset_tasks_have_two_assets(world):
+    kinds = collections.Counter()
+    for t in world.tasks:
+        if t.family == "multi_asset":
+            assert len(t.assets) == 2
+            kinds[tuple(sorted(a.type for a in t.assets))] += 1
+    assert set(kinds) == {("video", "video"), ("audio", "image")}
+
+
+def test_each_needed_web_fact_has_at_least_five_distractors(world):
+    for t in world.tasks:
+        if t.family != "anchor_web":
+            continue
+        name, gold = t.meta["entity"], t.gold_chain[1].gold_value
+        profile = [d for d in world.corpus if d["title"] == f"About {name}"]
+        assert len(profile) == 1 and value_in_text(gold, profile[0]["text"]), t.id
+        same_entity = [d for d in world.corpus if name in d["text"] and d is not profile[0]]
+        similar = [
+            d
+            for d in world.corpus
+            if d["title"].endswith(" directory entry")
+            and d["title"].removesuffix(" directory entry") != name
+            and difflib.SequenceMatcher(None, d["title"].removesuffix(" directory entry"), name).ratio() > 0.8
+        ]
+        outdated = [d for d in same_entity if d["title"].startswith("Archived")]
+        assert outdated and not value_in_text(gold, outdated[0]["text"]), t.id
+        assert len(similar) >= 2 and len(same_entity) + len(similar) >= 5, (t.id, len(same_entity), len(similar))
+
+
+def test_entity_names_are_unique_per_task(world):
+    names = [t.meta["entity"] for t in world.tasks]
+    assert len(set(names)) == len(names)
+
+
+def test_texts_cover_questions_docs_and_tracks(world):
+    texts = list(world.texts())
+    assert world.tasks[0].question in texts
+    assert any(world.corpus[5]["text"] in x for x in texts)
+    sub = world.tasks[0].assets[0].tracks.subtitles[0].text
+    assert sub in texts
+    assert sum(len(x.split()) for x in texts) > 50_000
+
+
+def test_load_world_cache_roundtrip(tmp_path):
+    t0 = time.perf_counter()
+    w1 = load_world(3, cache_dir=tmp_path)
+    assert time.perf_counter() - t0 < 10
+    assert list(tmp_path.glob("world_v*_seed3_*.json"))
+    w2 = load_world(3, cache_dir=tmp_path)
+    assert w2.to_json() == w1.to_json() == build_world(3).to_json()
