@@ -203,7 +203,10 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
         call_id = f"call_{step['t']}"
         try:
             raw, obs = await toolbox.execute(action.name, action.arguments)
-        except ToolFailure as e:
+        except Exception as e:  # noqa: BLE001 - any tool-side failure (a ToolFailure or a backend bug) is the
+            # tool's error, recorded in the ledger; the run goes on. Program errors in the loop itself still raise.
+            if not isinstance(e, ToolFailure):
+                e = ToolFailure(f"{type(e).__name__}: {e}")
             run.apply(ToolError(action.name, args_c, str(e)[:500], target_need=tgt))
             latest = f"Tool {action.name} failed: {str(e)[:300]}"
             step["raw_observation"] = latest

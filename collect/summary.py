@@ -77,6 +77,8 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
     tokens_by_step: dict[int, list[int]] = defaultdict(list)
     chars_by_step: dict[int, list[int]] = defaultdict(list)
     faults: Counter = Counter()
+    model_errors: Counter = Counter()
+    tool_errors = 0
     cost = 0.0
     prompt_tokens = completion_tokens = 0
     for r in records:
@@ -91,6 +93,11 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
                 chars_by_step[int(s["t"]) + 1].append(
                     sum(len(m.get("content") or "") for m in s["planner_input"].get("messages", []))
                 )
+            for ev in s.get("events", []):
+                if ev.get("kind") == "model_error":
+                    model_errors[f"{ev.get('role', 'planner')}:{ev.get('error')}"] += 1
+                elif ev.get("kind") == "tool_error":
+                    tool_errors += 1
         n_tool_calls.append(calls)
         for k, v in (r.get("faults") or {}).items():
             faults[k] += v
@@ -115,7 +122,9 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
         "planner_prompt_chars_by_step": {str(k): round(mean(v), 1) for k, v in sorted(chars_by_step.items())},
         **planner_step_stats(records),
         "closure_audit": closure_audit(records),
-        "faults": dict(sorted(faults.items())),
+        "faults": dict(sorted(faults.items())),  # endpoint faults seen by the chat client (retried or not)
+        "model_errors": dict(sorted(model_errors.items())),  # role:kind -> count (unusable model output)
+        "tool_errors": tool_errors,
         "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
     }
     if prices_configured:

@@ -93,6 +93,7 @@ class FakeChatServer:
         self._lock = threading.Lock()
         self.requests: list[tuple[str, dict]] = []
         self.misses: list[str] = []
+        self.auth_headers: list[str] = []  # Authorization header of every request (secrets tests)
         self.in_flight = 0
         self.max_in_flight = 0
         server = self
@@ -104,7 +105,12 @@ class FakeChatServer:
             def do_POST(self):  # noqa: N802 - http.server API
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}")
+                server.auth_headers.append(self.headers.get("Authorization") or "")
                 server._handle(self, body)
+
+            def do_GET(self):  # noqa: N802 - /v1/models for start-up checks
+                server.auth_headers.append(self.headers.get("Authorization") or "")
+                server._send(self, 200, json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}))
 
         self._httpd = ThreadingHTTPServer((host, 0), Handler)
         self._httpd.daemon_threads = True

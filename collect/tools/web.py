@@ -4,6 +4,7 @@ with an optional page fetcher. Both drop results from blocked domains (the bench
 from __future__ import annotations
 
 import html
+import logging
 import os
 import re
 from urllib.parse import urlparse
@@ -41,6 +42,7 @@ class BM25Index:
 
         self.corpus = corpus
         self._bm25s = bm25s
+        logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
         self.retriever = bm25s.BM25()
         toks = bm25s.tokenize(
             [f"{d.get('title', '')} {d.get('text', '')}" for d in corpus], stopwords="en", show_progress=False

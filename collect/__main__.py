@@ -1,0 +1,60 @@
+"""`python -m collect --config configs/collect/embedded.yaml [--out runs/collect] [--split test] [--limit N]
+[--tasks FILE]`: run the teacher over tasks, judge, write OUT/trajectories.jsonl + OUT/summary.json, then harvest
+OUT/sft and OUT/rl_states from the judged-correct trajectories."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from collect.run import RunDirError, load_config, run_collection
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m collect", description=__doc__)
+    ap.add_argument("--config", default="configs/collect/embedded.yaml")
+    ap.add_argument("--out", default="runs/collect", help="output folder (resumable)")
+    ap.add_argument("--split", default=None, help="override the config's split (train|dev|test|all)")
+    ap.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
+    ap.add_argument("--tasks", default=None, help="a task file in the schema, instead of the configured source")
+    ap.add_argument("--no-harvest", action="store_true", help="skip building the SFT / RL datasets")
+    ap.add_argument("--overwrite", action="store_true", help="discard an existing OUT instead of resuming")
+    ap.add_argument("--allow-mixed-config", action="store_true", help="resume into an OUT made by another config")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    overrides = {"split": args.split, "limit": args.limit}
+    if args.tasks:
+        overrides["tasks"] = {"kind": "file", "path": args.tasks}
+    if args.no_progress:
+        overrides["progress"] = False
+    try:
+        cfg = load_config(args.config, overrides)
+        summary = run_collection(cfg, args.out, allow_mixed_config=args.allow_mixed_config, overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError, RunDirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    keys = ("n_tasks", "accuracy", "outcomes", "avg_tool_calls", "valid_action_rate", "wall_s")
+    print(json.dumps({k: summary.get(k) for k in keys}, indent=1))
+    if summary.get("errored_tasks"):
+        print(
+            f"warning: {len(summary['errored_tasks'])} task(s) did not finish (see summary.json errored_tasks); "
+            "rerun the same command to retry them",
+            file=sys.stderr,
+        )
+    if cfg.harvest.get("enabled", True) and not args.no_harvest:
+        from collect.harvest import harvest
+
+        stats = harvest(Path(args.out) / "trajectories.jsonl", args.out, eval_share=cfg.harvest.get("eval_share", 0.1))
+        print(json.dumps({"harvest": stats}, indent=1, default=str))
+    return 3 if summary.get("errored_tasks") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""Run the ledger runtime over a task set: the engine behind `make collect` and `make eval`.
+
+One task -> one trajectory line, appended atomically as soon as the task finishes; a rerun with the same OUT skips
+finished task ids; a changed configuration refuses to mix into an old OUT unless `allow_mixed_config` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from collect.config import EndpointConfig, RolesConfig, RuntimeConfig
+from collect.summary import summarize
+
+log = logging.getLogger("collect")
+INSUFFICIENT = "insufficient"
+
+
+@dataclass
+class TaskSource:
+    """Where tasks come from: the embedded world (default), a task file in the schema, or a benchmark loader."""
+
+    kind: str = field(default="embedded", metadata={"help": "embedded | file | omnigaia | worldsense"})
+    seed: int = field(default=0, metadata={"help": "embedded world seed"})
+    path: str | None = field(default=None, metadata={"help": "task file / OmniGAIA metadata / worldsense_qa.json"})
+    media_root: str | None = field(default=None, metadata={"help": "media root for OmniGAIA / WorldSense"})
+    subtitles_root: str | None = field(default=None, metadata={"help": "WorldSense subtitles root"})
+
+    def __post_init__(self):
+        if self.kind not in ("embedded", "file", "omnigaia", "worldsense"):
+            raise ValueError(f"tasks.kind: unknown task source {self.kind!r}")
+        if self.kind != "embedded" and not self.path:
+            raise ValueError(f"tasks.path is required for tasks.kind={self.kind!r}")
+
+
+@dataclass
+class CollectConfig:
+    name: str = field(default="collect", metadata={"help": "run name (recorded in trajectories)"})
+    tasks: TaskSource = field(default_factory=TaskSource)
+    split: str | None = field(default="train", metadata={"help": "train | dev | test | all (embedded world)"})
+    limit: int | None = field(default=None, metadata={"help": "first N tasks of the split (deterministic order)"})
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    roles: RolesConfig = field(default_factory=RolesConfig)
+    endpoints: dict[str, EndpointConfig] = field(default_factory=dict)
+    tools: dict = field(default_factory=dict, metadata={"help": "collect.tools.ToolsConfig fields"})
+    judge: dict = field(default_factory=dict, metadata={"help": "{endpoint: name} enables the OmniGAIA LLM judge"})
+    harvest: dict = field(default_factory=lambda: {"enabled": True, "eval_share": 0.1})
+    progress: bool = True
+
+    def __post_init__(self):
+        self.roles.check_endpoints(self.endpoints)
+        if self.judge.get("endpoint") and self.judge["endpoint"] not in self.endpoints:
+            raise ValueError(f"judge.endpoint: {self.judge['endpoint']!r} is not defined under `endpoints`")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """Hash of everything that changes what a trajectory means (not limit/progress/harvest)."""
+        d = self.to_dict()
+        for k in ("limit", "progress", "harvest", "name"):
+            d.pop(k, None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:
+    """Read a YAML recipe; unknown keys are errors that name the file and the key."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"config file not found: {p}")
+    raw = yaml.safe_load(p.read_text()) or {}
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            raw[k] = v
+    known = {f.name for f in dataclasses.fields(CollectConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    try:
+        return CollectConfig(
+            **{
+                **raw,
+                "tasks": TaskSource(**(raw.get("tasks") or {})),
+                "runtime": RuntimeConfig(**(raw.get("runtime") or {})),
+                "roles": RolesConfig.from_dict(raw.get("roles") or {}),
+                "endpoints": {k: EndpointConfig(**v) for k, v in (raw.get("endpoints") or {}).items()},
+            }
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{p}: {e}") from None
+
+
+def load_task_list(cfg: CollectConfig) -> list:
+    from collect import loaders, tasks
+
+    src = cfg.tasks
+    if src.kind == "embedded":
+        from collect.world import load_world
+
+        world = load_world(seed=src.seed)
+        items = world.tasks if cfg.split in (None, "all") else world.split(cfg.split)
+    elif src.kind == "file":
+        items = tasks.load_tasks(src.path)
+        if cfg.split not in (None, "all"):
+            items = [t for t in items if t.split == cfg.split] or items
+    elif src.kind == "omnigaia":
+        items = loaders.load_omnigaia(src.path, media_root=src.media_root)
+    else:
+        items = loaders.load_worldsense(src.path, video_root=src.media_root, subtitles_root=src.subtitles_root)
+    items = list(items)
+    if cfg.limit is not None:
+        items = items[: cfg.limit]
+    return items
+
+
+def _task_meta(task) -> dict:
+    return {
+        "difficulty": getattr(task, "difficulty", None),
+        "category": getattr(task, "category", None),
+        "family": getattr(task, "family", None),
+        "answer_type": getattr(task, "answer_type", None),
+        "source": getattr(task, "source", None),
+    }
+
+
+async def _judge(cfg: CollectConfig, task, answer: str | None, pool) -> tuple[bool, dict]:
+    from collect import judges
+
+    if getattr(task, "source", "embedded") == "embedded":
+        return judges.judge_embedded(task, answer), {"method": "embedded"}
+    if getattr(task, "source", None) == "worldsense":
+        choice = judges.worldsense_extract(answer or "")
+        return (choice is not None and choice == str(task.answer).strip().upper()), {"method": "worldsense_option"}
+    ep = cfg.judge.get("endpoint")
+    client, model = (pool.client(ep), cfg.endpoints[ep].model) if ep else (None, None)
+    res = await judges.omnigaia_judge(task.question, answer or "", task.answer, client=client, model=model)
+    return bool(res.correct), {"method": res.method}
+
+
+def used_endpoints(cfg: CollectConfig) -> dict[str, EndpointConfig]:
+    names = {b for b in cfg.roles.as_dict().values() if b != "offline"}
+    if cfg.judge.get("endpoint"):
+        names.add(cfg.judge["endpoint"])
+    return {n: cfg.endpoints[n] for n in sorted(names)}
+
+
+async def check_endpoints(cfg: CollectConfig, timeout_s: float = 10.0) -> None:
+    """Fail fast, naming the URL, when a configured endpoint does not answer GET /models at start-up."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        for name, ep in used_endpoints(cfg).items():
+            url = ep.base_url.rstrip("/") + "/models"
+            key = os.environ.get(ep.api_key_env or "", "")
+            try:
+                r = await http.get(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+            except httpx.HTTPError as e:
+                raise ValueError(f"endpoint {name!r} is unreachable at {url}: {type(e).__name__}") from None
+            if r.status_code >= 400:  # some servers do not implement /models; reachable is what matters here
+                log.warning("endpoint %r at %s answered HTTP %d to GET /models", name, url, r.status_code)
+
+
+class RunDirError(RuntimeError):
+    pass
+
+
+def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwrite: bool) -> set[str]:
+    """Create OUT, check that it belongs to this config, and return the task ids already finished there."""
+    from collect.trajectory import finished_ids
+
+    out.mkdir(parents=True, exist_ok=True)
+    traj = out / "trajectories.jsonl"
+    meta = out / "run_config.json"
+    if overwrite:
+        for p in (traj, meta, out / "summary.json"):
+            p.unlink(missing_ok=True)
+    if meta.exists() and traj.exists():
+        old = json.loads(meta.read_text()).get("config_hash")
+        if old != cfg.hash() and not allow_mixed_config:
+            raise RunDirError(
+                f"{out} holds trajectories of another configuration (config_hash {old} != {cfg.hash()}); "
+                "use a new OUT, --overwrite, or --allow-mixed-config"
+            )
+    tmp = meta.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"config_hash": cfg.hash(), "config": cfg.to_dict()}, indent=1, default=str))
+    os.replace(tmp, meta)
+    return finished_ids(traj) if traj.exists() else set()
+
+
+async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False) -> dict:
+    from collect.config import build_roles
+    from collect.llm import ChatError, ClientPool
+    from collect.loop import run_task
+    from collect.tools import ToolBox, ToolsConfig
+    from collect.trajectory import TrajectoryWriter, read_trajectories
+
+    out = Path(out)
+    # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
+    all_tasks = load_task_list(cfg)
+    if not all_tasks:
+        raise ValueError(f"no tasks selected (source={cfg.tasks.kind}, split={cfg.split}, limit={cfg.limit})")
+    try:
+        tools_cfg = ToolsConfig(**cfg.tools)
+    except TypeError as e:
+        raise ValueError(f"tools: {e}") from None
+    await check_endpoints(cfg)
+    done = prepare_out(out, cfg, allow_mixed_config, overwrite)
+    todo = [t for t in all_tasks if t.id not in done]
+    pool = ClientPool(cfg.endpoints, concurrency=cfg.runtime.concurrency)
+    corpus = None
+    if cfg.tasks.kind == "embedded":
+        from collect.world import load_world
+
+        corpus = load_world(seed=cfg.tasks.seed).corpus
+    writer = TrajectoryWriter(out / "trajectories.jsonl")
+    errored: dict[str, str] = {}
+    sem = asyncio.Semaphore(max(1, cfg.runtime.concurrency))
+    bar = _progress(len(all_tasks), len(done), cfg.progress, cfg.name)
+
+    async def one(task):
+        async with sem:
+            r0 = task.to_context(cfg.runtime.budget())
+            roles = build_roles(task, cfg.roles, cfg.endpoints, pool)
+            toolbox = ToolBox(task, r0, tools_cfg, corpus=corpus)
+            try:
+                rec = await run_task(task, roles, toolbox, cfg.runtime)
+                if rec.get("answer") is None and rec.get("outcome") in ("insufficient", "budget_exhausted"):
+                    rec["answer"] = INSUFFICIENT  # Algorithm 1, lines 17 and 20: "return insufficient"
+                correct, judge_info = await _judge(cfg, task, rec.get("answer"), pool)
+            except ChatError as e:
+                # An endpoint that stayed down past its retry budget: nothing is written for this task, so a rerun
+                # with the same OUT retries it. Counted in the summary.
+                errored[task.id] = f"{e.kind}: {e.detail}"[:300]
+                log.warning("task %s failed after retries: %s", task.id, errored[task.id])
+                bar.update(1)
+                return
+            except Exception as e:  # a bug must not cost the other tasks of a long paid run: log it, go on
+                errored[task.id] = f"{type(e).__name__}: {e}"[:300]
+                log.exception("task %s crashed; it is retried on the next run with the same OUT", task.id)
+                bar.update(1)
+                return
+            rec["config_hash"] = cfg.hash()
+            rec["correct"] = correct
+            rec["judge"] = judge_info
+            rec["task_meta"] = _task_meta(task)
+            rec["gold_answer"] = task.answer
+            rec["question"] = task.question
+            writer.append(rec)
+            bar.update(1)
+
+    t0 = time.perf_counter()
+    try:
+        await asyncio.gather(*(one(t) for t in todo))
+    finally:
+        bar.close()
+        await pool.close()
+    wall = time.perf_counter() - t0
+    wanted = {t.id for t in all_tasks}
+    records = [r for r in read_trajectories(out / "trajectories.jsonl") if r["task_id"] in wanted]
+    priced = any(e.price_in_per_mtok or e.price_out_per_mtok for e in cfg.endpoints.values())
+    summary = summarize(records, prices_configured=priced)
+    summary.update({"config_hash": cfg.hash(), "split": cfg.split, "arm": cfg.runtime.arm, "wall_s": round(wall, 2)})
+    summary["errored_tasks"] = errored  # retried on the next run with the same OUT
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    os.replace(tmp, out / "summary.json")
+    return summary
+
+
+def run_collection(cfg: CollectConfig, out: str | os.PathLike, **kw: Any) -> dict:
+    return asyncio.run(run_collection_async(cfg, Path(out), **kw))
+
+
+class _NullBar:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, initial: int, enabled: bool, desc: str):
+    if not enabled:
+        return _NullBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="task", file=sys.stderr, dynamic_ncols=True)
