@@ -1,0 +1,96 @@
+"""Score a policy on held-out ledger states: one greedy decision per state, rewarded like RL (before/after numbers).
+
+    python -m rl.score --dataset_dir DATA/rl_states --model M [--split eval] [--n 64] [--config configs/rl/X.yaml]
+
+Prints (and returns) the mean weighted total and each component (valid, gate, target, align); judged components
+skip failed judge calls (None), as in training. The judge and weights come from --config when given, else the
+offline judge and the paper weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+
+log = logging.getLogger("rl.score")
+
+
+def _mean(xs: list) -> float | None:
+    kept = [x for x in xs if x is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def score(
+    dataset_dir: str,
+    model: str,
+    split: str = "eval",
+    n: int = 64,
+    config: str | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int = 8,
+) -> dict:
+    """Greedy-decode one decision for each of the first n states of `split` and average every reward component."""
+    import torch
+    from datasets import load_from_disk
+
+    from rewards import build_judge, score_components, total, use_judge
+    from rl.train import RLConfig, load_config, load_policy, render_prompts
+
+    cfg = (
+        load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": model})
+        if config
+        else RLConfig(model_name_or_path=model, dataset_dir=dataset_dir)
+    )
+    dd = load_from_disk(dataset_dir)
+    if split not in dd:
+        raise ValueError(f"{dataset_dir}: no split {split!r} (has {list(dd)})")
+    ds = dd[split].select(range(min(n, len(dd[split]))))
+    policy, tok, _, _ = load_policy(cfg)
+    policy.eval()
+    texts = render_prompts(ds, tok, cfg.chat_template_kwargs)["prompt"]
+    use_judge(build_judge(cfg.judge))
+    max_new = max_new_tokens or cfg.max_completion_length
+    completions: list[str] = []
+    tok.padding_side = "left"
+    for i in range(0, len(texts), batch_size):
+        enc = tok(texts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = {k: v.to(policy.device) for k, v in enc.items()}
+        with torch.no_grad():
+            out = policy.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
+        # decode like GRPO does (skip_special_tokens=True): the tool-call tags are ordinary added tokens
+        completions += tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
+    comps = asyncio.run(score_components(completions, columns))
+    totals = total(comps, cfg.reward_weights)
+    result = {
+        "model": model,
+        "split": split,
+        "n": len(completions),
+        "total": _mean(totals),
+        **{k: _mean(v) for k, v in comps.items()},
+        "judge_skipped": sum(v is None for v in comps["target"]),
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description="mean RL reward of greedy decisions on held-out ledger states")
+    ap.add_argument("--dataset_dir", required=True, help="rl_states DatasetDict")
+    ap.add_argument("--model", required=True, help="policy directory (full weights or a LoRA adapter)")
+    ap.add_argument("--split", default="eval")
+    ap.add_argument("--n", type=int, default=64, help="number of states")
+    ap.add_argument("--config", help="RL recipe for the judge, weights and chat-template kwargs")
+    ap.add_argument("--max_new_tokens", type=int, help="decision length (default: the recipe's max_completion_length)")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens)
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""rl.train / rl.score: recipes, prompt rendering with each row's tools, and a GRPO smoke run on the tiny model
+(every reward component logged, the policy moves, the KL reference is and stays the SFT checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl.demo_states import build_rows, texts, write_demo_states
+from rl.train import load_config, render_prompts
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def test_recipes_load_and_carry_the_paper_objective():
+    big = load_config(str(ROOT / "configs/rl/qwen3_5_27b.yaml"), {})
+    assert (big.num_generations, big.learning_rate, big.num_train_epochs) == (8, 5e-6, 5)
+    assert (big.beta, big.epsilon, big.loss_type, big.lr_scheduler_type) == (0.01, 0.2, "grpo", "cosine")
+    assert big.reward_weights == {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6}
+    assert big.use_vllm and big.vllm_mode in ("colocate", "server") and big.judge["kind"] == "openai"
+    tiny = load_config(str(ROOT / "configs/rl/tiny.yaml"), {"max_steps": 2})
+    assert tiny.use_cpu and not tiny.bf16 and tiny.beta == 0.01 and tiny.loss_type == "grpo" and tiny.max_steps == 2
+
+
+def test_config_rejects_unknown_keys_naming_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model_name_or_path: m\ndataset_dir: d\nlearning_rat: 1\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml.*learning_rat"):
+        load_config(str(p), {})
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    from sft.tiny import build_tiny_model
+
+    d = tmp_path_factory.mktemp("tiny")
+    return build_tiny_model(d / "base", texts=texts(compact=True) * 3, seed=0, hidden_size=128, num_layers=2)
+
+
+def test_prompts_are_prerendered_with_each_rows_own_tools(tiny_base):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_base)
+    rows = build_rows(compact=True)
+    video, audio = rows[0], next(r for r in rows if r["task_id"] == "demo-song")
+    ds = render_prompts(Dataset.from_list([video, audio]), tok, {})
+    p_video, p_audio = ds["prompt"]
+    assert isinstance(p_video, str) and p_video.endswith("<|im_start|>assistant\n")
+    assert '"frame_confirm"' in p_video and '"frame_confirm"' not in p_audio
+    assert '"audio_scout"' in p_audio and "In which year was the bridge" in p_video
+
+
+# ---- GRPO smoke run ------------------------------------------------------------------------------------------------
+
+
+def _warm_start(base: Path, out: Path, steps: int = 60, lr: float = 1e-2, batch: int = 8) -> Path:
+    """A stand-in for state-SFT: full fine-tune of the tiny model on the reference decisions (the RL start policy must
+    already emit parseable actions, else every reward is equal and GRPO has no signal; stack.md)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from collect.actions import Action
+
+    tok = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    seqs = []
+    for r in build_rows(compact=True):
+        p = tok.apply_chat_template(
+            r["prompt"], tools=json.loads(r["tools"]), add_generation_prompt=True, tokenize=False
+        )
+        c = Action(**json.loads(r["reference_action"])).to_text() + tok.eos_token
+        seqs.append((tok(p, add_special_tokens=False)["input_ids"], tok(c, add_special_tokens=False)["input_ids"]))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    torch.manual_seed(0)
+    model.train()
+    for s in range(steps):
+        b = [seqs[(s * batch + i) % len(seqs)] for i in range(batch)]
+        n = max(len(p) + len(c) for p, c in b)
+        ids = torch.full((batch, n), tok.pad_token_id)
+        lab = torch.full((batch, n), -100)
+        att = torch.zeros(batch, n, dtype=torch.long)
+        for i, (p, c) in enumerate(b):
+            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+            att[i, : len(p) + len(c)] = 1
+            lab[i, len(p) : len(p) + len(c)] = torch.tensor(c)
+        model(input_ids=ids, attention_mask=att, labels=lab).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sft_policy(tiny_base, tmp_path_factory):
+    d = tmp_path_factory.mktemp("rl")
+    data = write_demo_states(d / "rl_states", compact=True)
+    return _warm_start(tiny_base, d / "sft"), data, d
+
+
+def _state_dict(path: Path) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    return {
+        k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict().items()
+    }
+
+
+@pytest.mark.slow
+def test_grpo_smoke_logs_every_component_moves_the_policy_and_keeps_the_sft_reference(sft_policy, capsys):
+    from rl.train import train
+
+    sft, data, d = sft_policy
+    cfg = load_config(
+        str(ROOT / "configs/rl/tiny.yaml"),
+        {"model_name_or_path": str(sft), "dataset_dir": str(data), "output_dir": str(d / "out"), "max_steps": 4},
+    )
+    cfg.max_completion_length = 48
+    t0 = time.time()
+    trainer, summary = train(cfg)
+    wall = time.time() - t0
+
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert len(logged) == 4
+    for h in logged:  # each component separately, not only their sum
+        for k in ("valid", "gate", "target", "align"):
+            assert f"rewards/{k}/mean" in h
+    assert min(h["frac_reward_zero_std"] for h in logged) < 1.0  # some group had signal
+
+    # trainable parameters changed
+    before, after = _state_dict(sft), _state_dict(d / "out")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    # the KL reference is the SFT checkpoint, a separate frozen module, unchanged by training
+    assert trainer.beta == 0.01 and trainer.ref_model is not None and trainer.ref_model is not trainer.model
+    ref = trainer.ref_model.state_dict()
+    assert Path(trainer.ref_model.config._name_or_path).resolve() == sft.resolve()
+    assert all(torch.equal(ref[k], before[k]) for k in before)
+
+    s = json.loads((d / "out" / "rl_summary.json").read_text())
+    assert s["steps"] == 4 and set(k for k in s["metrics"] if k.startswith("rewards/")) == {
+        f"rewards/{k}/mean" for k in ("valid", "gate", "target", "align")
+    }
+    assert (d / "out" / "tokenizer_config.json").exists()
+    with capsys.disabled():
+        print(
+            f"\n[grpo smoke] {s['steps']} steps, {s['s_per_step']} s/step (wall incl. init {wall:.1f}s), "
+            f"reward means { {k: round(v['mean'], 3) for k, v in s['metrics'].items() if 'reward' in k} }"
+        )
+
+
+@pytest.mark.slow
+def test_score_reports_total_and_every_component_on_held_out_states(sft_policy):
+    from rl.score import score
+
+    sft, data, _ = sft_policy
+    res = score(str(data), str(sft), split="eval", n=4, max_new_tokens=40)
+    assert res["n"] == 4
+    for k in ("total", "valid", "gate", "target", "align"):
+        assert res[k] is not None and 0.0 <= res[k] <= 1.0
+    expected = 0.1 * res["valid"] + 0.1 * res["gate"] + 0.2 * res["target"] + 0.6 * res["align"]
+    assert res["total"] == pytest.approx(expected, abs=1e-6)  # no judge skips with the offline judge
+
+
+@pytest.mark.slow
+def test_lora_sft_adapter_is_copied_to_a_frozen_ref_adapter_and_only_the_policy_adapter_trains(sft_policy):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl.train import train
+
+    sft, data, d = sft_policy
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(sft, dtype=torch.float32),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"),
+    )
+    torch.manual_seed(1)
+    for n, p in model.named_parameters():
+        if "lora_B" in n:  # a non-trivial "trained" SFT adapter (fresh LoRA B is zero = the base model)
+            p.data.normal_(0, 0.02)
+    adapter = d / "sft_lora"
+    model.save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(sft).save_pretrained(adapter)
+    sft_lora = {n.replace(".default", ""): p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+    cfg = load_config(
+        str(ROOT / "configs/rl/tiny.yaml"),
+        {
+            "model_name_or_path": str(adapter),
+            "dataset_dir": str(data),
+            "output_dir": str(d / "out_lora"),
+            "max_steps": 2,
+        },
+    )
+    cfg.max_completion_length = 48
+    cfg.learning_rate = 1e-2
+    trainer, summary = train(cfg)
+    assert summary["reference_policy"] == "sft_adapter_copied_to_ref_adapter"
+    params = dict(trainer.model.named_parameters())
+    ref = {n.replace(".ref", ""): p for n, p in params.items() if ".ref." in n}
+    pol = {n.replace(".default", ""): p for n, p in params.items() if ".default." in n}
+    assert ref and set(ref) == set(sft_lora)
+    assert all(torch.equal(ref[k], sft_lora[k]) and not ref[k].requires_grad for k in ref)  # frozen SFT copy
+    assert any(not torch.equal(pol[k], sft_lora[k]) for k in pol)  # the policy adapter moved
+    saved = json.loads((d / "out_lora" / "adapter_config.json").read_text())
+    assert saved["r"] == 4 and not (d / "out_lora" / "ref").exists()
