@@ -4,6 +4,7 @@ Shared by the runtime loop, the `valid` reward and evaluation, so "valid action"
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -102,13 +103,25 @@ def schema_index(tools: list[dict]) -> dict[str, dict]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _validator(schema_json: str):
+    """A compiled validator per distinct schema (checking the schema itself once, not on every action)."""
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
 def validate_action(action: Action, tools: list[dict]) -> None:
     """Raise ActionError unless the tool exists in this state's tool set and the arguments satisfy its schema."""
     schemas = schema_index(tools)
     if action.name not in schemas:
         raise ActionError("unknown_tool", f"{action.name!r} is not one of {sorted(schemas)}")
     try:
-        jsonschema.validate(action.arguments, schemas[action.name])
+        validator = _validator(json.dumps(schemas[action.name], sort_keys=True))
+        error = jsonschema.exceptions.best_match(validator.iter_errors(action.arguments))
+        if error is not None:
+            raise error
     except jsonschema.ValidationError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise ActionError("bad_arguments", f"{action.name}.{path}: {e.message}") from None

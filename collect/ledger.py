@@ -283,7 +283,24 @@ class Ledger:
         return self.outcome is not None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return _plain(self)
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _plain(x):
+    """Fast equivalent of dataclasses.asdict for the ledger's frozen records (tuples become lists; the JSON is the
+    same). asdict deep-copies through a generic path and dominated the per-step bookkeeping cost."""
+    t = type(x)
+    names = _FIELD_NAMES.get(t)
+    if names is None and hasattr(t, "__dataclass_fields__"):
+        names = _FIELD_NAMES[t] = tuple(f.name for f in fields(t))
+    if names is not None:
+        return {n: _plain(getattr(x, n)) for n in names}
+    if t is tuple or t is list:
+        return [_plain(v) for v in x]
+    return x
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -787,7 +804,8 @@ def digest(r0: TaskContext, s: Ledger) -> dict:
 
 
 def render_digest(r0: TaskContext, s: Ledger) -> str:
-    return json.dumps(digest(r0, s), ensure_ascii=False, indent=1)
+    # compact separators: the C encoder (indent= falls back to the pure-Python one) and fewer prompt tokens
+    return json.dumps(digest(r0, s), ensure_ascii=False, separators=(", ", ": "))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""`make bench`: figures, not timed tests (see README "Benchmarks")."""
