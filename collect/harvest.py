@@ -1,0 +1,198 @@
+"""Trajectories -> state-SFT rows and RL states (paper v3: state-SFT on judged-correct ledger trajectories).
+
+    python -m collect.harvest TRAJECTORIES.jsonl --out DATA [--eval-share 0.1] [--seed 0]
+
+Writes DATA/sft and DATA/rl_states (datasets.save_to_disk DatasetDicts with train/eval), the same rows as
+DATA/sft.{train,eval}.jsonl and DATA/rl_states.{train,eval}.jsonl, and DATA/harvest_stats.json.
+
+Rules (why): only judged-correct trajectories (`"correct": true`) teach the planner; each SFT prompt is the recorded
+`planner_input.messages` unchanged, so training sees byte-for-byte what the planner saw at collection time; only steps
+whose recorded action is non-null and valid against that step's tool schemas become rows; train/eval are split by a
+hash of the task id so no task is in both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from collect.actions import Action, ActionError, validate_action
+from collect.ledger import Budget, TaskContext, digest, ledger_from_dict
+
+
+def split_of(task_id: str, eval_share: float, seed: int = 0) -> str:
+    """'eval' or 'train' from a stable hash of the task id (same answer in every process and run)."""
+    h = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
+    u = int.from_bytes(h[:8], "big") / 2**64
+    return "eval" if u < eval_share else "train"
+
+
+def _tool_call(action: Action) -> dict:
+    # arguments as a JSON string (Arrow-safe); the chat template renders it verbatim -> Action.to_text()
+    arguments = json.dumps(action.arguments, ensure_ascii=False)
+    return {"type": "function", "function": {"name": action.name, "arguments": arguments}}
+
+
+def _digest_json(traj: dict, step: dict, ledger_dict: dict) -> str:
+    """The digest the planner saw: recorded on the step when present, else recomputed from the ledger snapshot.
+
+    Recomputing needs R0's budget; trajectories carry it as `r0` when the collector records it, else the default
+    Budget is used (only `budget.steps_left` depends on it)."""
+    if step.get("digest") is not None:
+        d = step["digest"]
+        return d if isinstance(d, str) else json.dumps(d, ensure_ascii=False)
+    r0 = traj.get("r0") or {}
+    budget = Budget(**r0["budget"]) if r0.get("budget") else Budget()
+    ctx = TaskContext(task_id=traj["task_id"], question=traj.get("question", ""), budget=budget)
+    return json.dumps(digest(ctx, ledger_from_dict(ledger_dict)), ensure_ascii=False)
+
+
+def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[dict]]:
+    """(sft rows, rl_state rows) of one judged-correct trajectory; invalid / null-action steps are counted, skipped."""
+    sft, rl = [], []
+    task_id = traj["task_id"]
+    np_ = traj.get("need_parse") or {}
+    if np_.get("input", {}).get("messages") and np_.get("needs") is not None:
+        sft.append(
+            {
+                "prompt": np_["input"]["messages"],
+                "completion": [{"role": "assistant", "content": json.dumps(np_["needs"], ensure_ascii=False)}],
+                "tools": "[]",
+                "task_id": task_id,
+                "step": -1,
+                "kind": "need_parse",
+            }
+        )
+    for st in traj.get("steps", []):
+        if st.get("action") is None:
+            stats["steps_null_action"] += 1
+            continue
+        tools = st["planner_input"].get("tools") or []
+        try:
+            action = Action(st["action"]["name"], st["action"].get("arguments") or {})
+            validate_action(action, tools)
+        except (ActionError, KeyError, TypeError) as e:
+            stats["steps_invalid_action"] += 1
+            print(f"harvest: task {task_id} step {st.get('t')}: skipped invalid action ({e})", file=sys.stderr)
+            continue
+        prompt = st["planner_input"]["messages"]
+        tools_json = json.dumps(tools, ensure_ascii=False)
+        sft.append(
+            {
+                "prompt": prompt,
+                "completion": [{"role": "assistant", "content": "", "tool_calls": [_tool_call(action)]}],
+                "tools": tools_json,
+                "task_id": task_id,
+                "step": int(st["t"]),
+                "kind": "decision",
+            }
+        )
+        ledger = st.get("ledger_before") or {}
+        rl.append(
+            {
+                "prompt": prompt,
+                "tools": tools_json,
+                "tool_names": [t.get("function", t)["name"] for t in tools],
+                "reference_action": json.dumps(action.to_dict(), ensure_ascii=False),
+                "ledger": json.dumps(ledger, ensure_ascii=False),
+                "digest": _digest_json(traj, st, ledger),
+                "question": traj.get("question", ""),
+                "gold_answer": str(traj.get("gold_answer", "")),
+                "task_id": task_id,
+                "step": int(st["t"]),
+            }
+        )
+    return sft, rl
+
+
+def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:
+    from datasets import Dataset, DatasetDict
+
+    for split, rs in rows.items():
+        with open(out / f"{name}.{split}.jsonl", "w", encoding="utf-8") as f:
+            for r in rs:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    DatasetDict({split: Dataset.from_list(rs) for split, rs in rows.items()}).save_to_disk(str(out / name))
+
+
+def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: float = 0.1, seed: int = 0) -> dict:
+    """Read trajectory JSONL, write the SFT and RL-state datasets + stats; returns the stats dict."""
+    if not 0.0 <= eval_share < 1.0:
+        raise ValueError(f"eval_share must be in [0, 1), got {eval_share}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stats: Counter = Counter()
+    sft = {"train": [], "eval": []}
+    rl = {"train": [], "eval": []}
+    tasks = {"train": set(), "eval": set()}
+    actions: Counter = Counter()
+    rows_per_task: dict[str, int] = {}
+    with open(trajectories_path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                traj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{trajectories_path}:{lineno}: not JSON ({e})") from None
+            if "task_id" not in traj:
+                raise ValueError(f"{trajectories_path}:{lineno}: trajectory without task_id")
+            stats["tasks_seen"] += 1
+            if traj.get("correct") is not True:
+                stats["tasks_dropped_not_correct"] += 1
+                continue
+            s_rows, r_rows = rows_from_trajectory(traj, stats)
+            if not r_rows:
+                stats["tasks_dropped_no_valid_step"] += 1
+                continue
+            split = split_of(traj["task_id"], eval_share, seed)
+            if traj["task_id"] in tasks["train"] | tasks["eval"]:
+                raise ValueError(f"{trajectories_path}:{lineno}: task {traj['task_id']!r} appears twice")
+            tasks[split].add(traj["task_id"])
+            sft[split] += s_rows
+            rl[split] += r_rows
+            rows_per_task[traj["task_id"]] = len(s_rows)
+            actions.update(json.loads(r["reference_action"])["name"] for r in r_rows)
+    _save(sft, out, "sft")
+    _save(rl, out, "rl_states")
+    n_kept = len(rows_per_task)
+    result = {
+        "trajectories": str(trajectories_path),
+        "eval_share": eval_share,
+        "seed": seed,
+        "tasks_seen": stats["tasks_seen"],
+        "tasks_kept": n_kept,
+        "tasks_dropped_not_correct": stats["tasks_dropped_not_correct"],
+        "tasks_dropped_no_valid_step": stats["tasks_dropped_no_valid_step"],
+        "tasks_train": len(tasks["train"]),
+        "tasks_eval": len(tasks["eval"]),
+        "steps_null_action": stats["steps_null_action"],
+        "steps_invalid_action": stats["steps_invalid_action"],
+        "sft_rows": {k: len(v) for k, v in sft.items()},
+        "sft_rows_by_kind": dict(Counter(r["kind"] for v in sft.values() for r in v)),
+        "rl_states": {k: len(v) for k, v in rl.items()},
+        "rows_per_task_mean": round(sum(rows_per_task.values()) / n_kept, 3) if n_kept else 0.0,
+        "rows_per_task_max": max(rows_per_task.values(), default=0),
+        "action_distribution": dict(actions.most_common()),
+    }
+    (out / "harvest_stats.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="harvest SFT rows and RL states from judged trajectories")
+    ap.add_argument("trajectories", help="trajectory JSONL written by the collect stage")
+    ap.add_argument("--out", required=True, help="output DATA dir (sft/, rl_states/, *.jsonl, harvest_stats.json)")
+    ap.add_argument("--eval-share", type=float, default=0.1, help="share of task ids hashed into eval")
+    ap.add_argument("--seed", type=int, default=0, help="salt of the task-id hash split")
+    a = ap.parse_args(argv)
+    stats = harvest(a.trajectories, a.out, a.eval_share, a.seed)
+    print(json.dumps(stats, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""vLLM launcher for GPU nodes: a recipe (YAML) -> the `vllm serve` command line, run, wait for /v1/models.
+
+    python -m serve.vllm --config configs/serve/qwen3_5_27b_lora.yaml [--dry-run]
+
+Two layouts: `merged` (one standalone checkpoint, e.g. sft/train.py's OUT/merged) and `lora` (base weights + adapters
+served with --enable-lora; clients pick an adapter by its module name). The tool-call parser follows the model family:
+Qwen2.5 / Qwen3 emit hermes-style `<tool_call>{json}</tool_call>` -> `hermes`; Qwen3.5 emits the XML form ->
+`qwen3_xml`. vLLM has no LoRA support for Qwen3-Omni, so a LoRA layout for it is refused: merge first.
+This module never imports vllm (the command runs in a subprocess), so it is testable on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import httpx
+import yaml
+
+TOOL_CALL_PARSERS = {"qwen2.5": "hermes", "qwen3": "hermes", "qwen3.5": "qwen3_xml", "qwen3-omni": "hermes"}
+NO_LORA_FAMILIES = ("qwen3-omni",)
+
+
+@dataclass
+class VLLMServeConfig:
+    """One served model. Paths are local (nothing is downloaded on the GPU node)."""
+
+    model: str = field(metadata={"help": "merged checkpoint (layout merged) or base weights (layout lora)"})
+    family: str = field(metadata={"help": f"model family: one of {sorted(TOOL_CALL_PARSERS)}"})
+    layout: str = field(default="merged", metadata={"help": "merged | lora"})
+    lora_modules: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "adapter name -> adapter dir (layout lora); clients use the name"}
+    )
+    max_lora_rank: int = field(default=16, metadata={"help": "--max-lora-rank: at least the adapters' r"})
+    served_model_name: str | None = field(default=None, metadata={"help": "name clients send as `model`"})
+    host: str = field(default="127.0.0.1", metadata={"help": "bind address"})
+    port: int = field(default=8000, metadata={"help": "HTTP port"})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs per model replica"})
+    max_model_len: int = field(default=16384, metadata={"help": "context length (prompt + completion)"})
+    gpu_memory_utilization: float | None = field(default=None, metadata={"help": "vLLM default when unset"})
+    dtype: str = field(default="bfloat16", metadata={"help": "weights/activations dtype"})
+    tool_call_parser: str | None = field(default=None, metadata={"help": "override the family's parser"})
+    extra_args: list[str] = field(default_factory=list, metadata={"help": "appended verbatim"})
+    startup_timeout_s: float = field(default=900.0, metadata={"help": "wait this long for /v1/models"})
+    executable: str = field(default="vllm", metadata={"help": "the vllm CLI"})
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> VLLMServeConfig:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown field(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+
+def build_vllm_command(cfg: VLLMServeConfig) -> list[str]:
+    """The argv of `vllm serve` for this recipe; raises ValueError naming the bad field."""
+    if cfg.family not in TOOL_CALL_PARSERS:
+        raise ValueError(f"family {cfg.family!r} is not one of {sorted(TOOL_CALL_PARSERS)}")
+    if cfg.layout not in ("merged", "lora"):
+        raise ValueError(f"layout {cfg.layout!r} must be 'merged' or 'lora'")
+    cmd = [cfg.executable, "serve", cfg.model]
+    if cfg.served_model_name:
+        cmd += ["--served-model-name", cfg.served_model_name]
+    if cfg.layout == "lora":
+        if cfg.family in NO_LORA_FAMILIES:
+            raise ValueError(
+                f"layout 'lora' is not supported for family {cfg.family!r}: vLLM has no LoRA for Qwen3-Omni. "
+                "Merge the adapter first (sft/train.py writes OUT/merged) and serve it with layout: merged"
+            )
+        if not cfg.lora_modules:
+            raise ValueError("layout 'lora' needs lora_modules: {name: adapter_dir}")
+        cmd += ["--enable-lora", "--max-lora-rank", str(cfg.max_lora_rank), "--lora-modules"]
+        cmd += [f"{name}={path}" for name, path in cfg.lora_modules.items()]
+    elif cfg.lora_modules:
+        raise ValueError("lora_modules given with layout 'merged': set layout: lora or drop lora_modules")
+    cmd += ["--host", cfg.host, "--port", str(cfg.port)]
+    cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size), "--max-model-len", str(cfg.max_model_len)]
+    cmd += ["--dtype", cfg.dtype]
+    if cfg.gpu_memory_utilization is not None:
+        cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    cmd += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.tool_call_parser or TOOL_CALL_PARSERS[cfg.family]]
+    return cmd + list(cfg.extra_args)
+
+
+def wait_until_ready(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
+    """Poll GET {url}/v1/models until it answers 200; fail early if the server process died."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"vllm exited with code {proc.returncode} before {url}/v1/models answered")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2.0)
+    raise TimeoutError(f"{url}/v1/models did not answer within {timeout_s}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="launch vLLM for a serving recipe")
+    ap.add_argument("--config", required=True, help="configs/serve/*.yaml")
+    ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    a = ap.parse_args(argv)
+    cfg = VLLMServeConfig.from_yaml(a.config)
+    cmd = build_vllm_command(cfg)
+    print(shlex.join(cmd), flush=True)
+    if a.dry_run:
+        return 0
+    proc = subprocess.Popen(cmd)
+    try:
+        wait_until_ready(f"http://{cfg.host}:{cfg.port}", cfg.startup_timeout_s, proc)
+        print(f"vllm ready: http://{cfg.host}:{cfg.port}/v1", flush=True)
+        return proc.wait()
+    except (KeyboardInterrupt, TimeoutError, RuntimeError) as e:
+        print(f"serve.vllm: {e}", file=sys.stderr)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

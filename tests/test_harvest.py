@@ -1,0 +1,102 @@
+"""collect.harvest: judged-correct trajectories -> SFT rows and RL states, split by task id."""
+
+import json
+
+import pytest
+from datasets import load_from_disk
+
+from collect.harvest import harvest, split_of
+from collect.ledger import ledger_from_dict, ready
+from sft import synthetic
+
+
+@pytest.fixture(scope="module")
+def harvested(tmp_path_factory):
+    d = tmp_path_factory.mktemp("harvest")
+    trajs = list(synthetic.trajectories(40, seed=3))
+    trajs[0]["correct"] = False
+    trajs[1]["correct"] = None
+    trajs[2]["steps"][0]["action"] = None  # planner produced no valid action at this step
+    trajs[3]["steps"][0]["action"] = {"name": "teleport", "arguments": {}}  # not in this step's tools
+    path = d / "traj.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in trajs))
+    stats = harvest(path, d / "data", eval_share=0.25, seed=0)
+    return trajs, d / "data", stats
+
+
+def _jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_only_judged_correct_tasks_contribute(harvested):
+    trajs, data, stats = harvested
+    ids = {r["task_id"] for s in ("train", "eval") for r in _jsonl(data / f"sft.{s}.jsonl")}
+    assert trajs[0]["task_id"] not in ids and trajs[1]["task_id"] not in ids
+    assert ids == {t["task_id"] for t in trajs if t["correct"] is True}
+    assert stats["tasks_dropped_not_correct"] == 2 and stats["tasks_kept"] == 38
+
+
+def test_sft_prompt_is_byte_identical_to_planner_input(harvested):
+    trajs, data, _ = harvested
+    by_key = {(t["task_id"], s["t"]): s for t in trajs for s in t["steps"]}
+    ds = load_from_disk(str(data / "sft"))
+    for split in ("train", "eval"):
+        rows = _jsonl(data / f"sft.{split}.jsonl")
+        assert len(rows) == len(ds[split])
+        for row, drow in zip(rows, ds[split], strict=True):
+            if row["kind"] != "decision":
+                continue
+            step = by_key[(row["task_id"], row["step"])]
+            expected = json.dumps(step["planner_input"]["messages"], ensure_ascii=False)
+            assert json.dumps(row["prompt"], ensure_ascii=False) == expected
+            assert json.dumps(drow["prompt"], ensure_ascii=False) == expected
+            assert json.loads(row["tools"]) == step["planner_input"]["tools"]
+            call = row["completion"][0]["tool_calls"][0]["function"]
+            assert {"name": call["name"], "arguments": json.loads(call["arguments"])} == step["action"]
+
+
+def test_null_and_invalid_actions_do_not_become_rows(harvested):
+    trajs, data, stats = harvested
+    keys = {(r["task_id"], r["step"]) for s in ("train", "eval") for r in _jsonl(data / f"sft.{s}.jsonl")}
+    assert (trajs[2]["task_id"], 0) not in keys and (trajs[3]["task_id"], 0) not in keys
+    assert (trajs[2]["task_id"], 1) in keys
+    assert stats["steps_null_action"] == 1 and stats["steps_invalid_action"] == 1
+    n_decisions = sum(len(t["steps"]) for t in trajs if t["correct"] is True) - 2
+    assert stats["sft_rows_by_kind"]["decision"] == n_decisions == sum(stats["rl_states"].values())
+    assert sum(stats["action_distribution"].values()) == n_decisions
+
+
+def test_no_task_in_both_train_and_eval_and_split_is_deterministic(harvested):
+    _, data, stats = harvested
+    for name in ("sft", "rl_states"):
+        ds = load_from_disk(str(data / name))
+        train, ev = set(ds["train"]["task_id"]), set(ds["eval"]["task_id"])
+        assert train and ev and not train & ev
+        assert all(split_of(t, 0.25) == "eval" for t in ev) and all(split_of(t, 0.25) == "train" for t in train)
+    assert stats["tasks_train"] + stats["tasks_eval"] == stats["tasks_kept"]
+    assert json.loads((data / "harvest_stats.json").read_text()) == stats
+
+
+def test_rl_state_rebuilds_the_ledger_the_planner_saw(harvested):
+    trajs, data, _ = harvested
+    rows = _jsonl(data / "rl_states.train.jsonl") + _jsonl(data / "rl_states.eval.jsonl")
+    by_key = {(t["task_id"], s["t"]): s for t in trajs for s in t["steps"]}
+    for r in rows:
+        step = by_key[(r["task_id"], r["step"])]
+        led = ledger_from_dict(json.loads(r["ledger"]))
+        assert led.to_dict() == step["ledger_before"]
+        # the teacher finishes exactly when the finish gate is open
+        assert ready(led) == (json.loads(r["reference_action"])["name"] == "finish")
+        assert r["tool_names"] == [t["function"]["name"] for t in step["planner_input"]["tools"]]
+        assert json.loads(r["digest"])["finish_available"] == ready(led)
+
+
+def test_need_parse_rows_carry_the_declared_needs(harvested):
+    trajs, data, _ = harvested
+    rows = [r for s in ("train", "eval") for r in _jsonl(data / f"sft.{s}.jsonl") if r["kind"] == "need_parse"]
+    by_id = {t["task_id"]: t for t in trajs}
+    assert len(rows) == 38
+    for r in rows:
+        t = by_id[r["task_id"]]
+        assert r["prompt"] == t["need_parse"]["input"]["messages"] and r["tools"] == "[]"
+        assert json.loads(r["completion"][0]["content"]) == t["need_parse"]["needs"]

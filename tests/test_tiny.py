@@ -1,0 +1,113 @@
+"""sft.tiny: the offline tiny Qwen3 planner model and its tool-calling chat template."""
+
+import json
+import time
+
+import pytest
+from safetensors.torch import load_file
+
+from collect.actions import Action
+from sft import synthetic
+from sft.tiny import build_tiny_model
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    t0 = time.time()
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=0)
+    return path, time.time() - t0
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny[0])
+
+
+def _step(seed=3):
+    return next(synthetic.trajectories(1, seed=seed))["steps"][0]
+
+
+def _with_action(step):
+    a = step["action"]
+    call = {"type": "function", "function": {"name": a["name"], "arguments": json.dumps(a["arguments"])}}
+    return step["planner_input"]["messages"] + [{"role": "assistant", "content": "", "tool_calls": [call]}]
+
+
+def test_builds_in_seconds_and_reloads_offline_as_causal_lm(tiny, tok):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, seconds = tiny
+    assert seconds < 30, f"tiny build took {seconds:.1f}s"
+    model = AutoModelForCausalLM.from_pretrained(path)  # HF_HUB_OFFLINE=1 is set by sft.train / serve.local imports
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert sum(p.numel() for p in model.parameters()) < 3_000_000
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|pad|>"
+    enc = tok.apply_chat_template(
+        _step()["planner_input"]["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    out = model.generate(**enc, max_new_tokens=4, do_sample=False)
+    assert out.shape[1] > enc["input_ids"].shape[1]
+    assert torch.isfinite(model(**enc).logits).all()
+
+
+def test_same_seed_gives_identical_weights_and_tokenizer(tmp_path, tiny):
+    texts = list(synthetic.texts(n=40, seed=1))
+    a = build_tiny_model(tmp_path / "a", texts=texts, seed=7)
+    b = build_tiny_model(tmp_path / "b", texts=texts, seed=7)
+    c = build_tiny_model(tmp_path / "c", texts=texts, seed=8)
+    wa, wb, wc = (load_file(p / "model.safetensors") for p in (a, b, c))
+    assert wa.keys() == wb.keys()
+    assert all((wa[k] == wb[k]).all() for k in wa)
+    assert any((wa[k] != wc[k]).any() for k in wa)
+    assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
+
+
+def test_assistant_mask_covers_exactly_the_canonical_action_and_stop_token(tok):
+    st = _step()
+    out = tok.apply_chat_template(
+        _with_action(st),
+        tools=st["planner_input"]["tools"],
+        tokenize=True,
+        return_dict=True,
+        return_assistant_tokens_mask=True,
+    )
+    masked = [i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m]
+    expected = Action(st["action"]["name"], st["action"]["arguments"]).to_text() + "<|im_end|>"
+    assert tok.decode(masked) == expected
+    # the masked tokens are one contiguous run at the end (before the template's trailing newline)
+    idx = [k for k, m in enumerate(out["assistant_masks"]) if m]
+    assert idx == list(range(idx[0], idx[0] + len(idx))) and idx[-1] >= len(out["input_ids"]) - 2
+
+
+def test_template_renders_tools_and_passes_trl_template_checks(tok):
+    from trl.chat_template_utils import has_generation_markers, is_chat_template_prefix_preserving
+
+    st = _step()
+    text = tok.apply_chat_template(
+        st["planner_input"]["messages"], tools=st["planner_input"]["tools"], add_generation_prompt=True, tokenize=False
+    )
+    for t in st["planner_input"]["tools"]:
+        assert json.dumps(t, ensure_ascii=False) in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert has_generation_markers(tok.chat_template)
+    assert is_chat_template_prefix_preserving(tok)
+
+
+def test_tool_tags_are_single_non_special_tokens(tok):
+    ids = tok.encode("<tool_call>", add_special_tokens=False)
+    assert len(ids) == 1
+    assert tok.decode(tok.encode("<tool_call>x</tool_call><|im_end|>"), skip_special_tokens=True) == (
+        "<tool_call>x</tool_call>"
+    )
+
+
+def test_ledger_prompts_are_compact(tok):
+    st = _step(seed=11)
+    text = tok.apply_chat_template(_with_action(st), tools=st["planner_input"]["tools"], tokenize=False)
+    n = len(tok.encode(text, add_special_tokens=False))
+    assert len(text) / n > 4.0, f"{len(text)} chars -> {n} tokens"
