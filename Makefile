@@ -4,11 +4,14 @@ PY_BOOT ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# CPU default. GPU node: make setup EXTRAS=test,gpu TORCH_CONSTRAINT=   (vLLM brings its own CUDA torch)
+EXTRAS ?= test
+TORCH_CONSTRAINT ?= -c constraints/cpu.txt
 export PYTHONPATH := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-all lint format clean
+.PHONY: setup test test-fast lint format clean collect harvest sft rl serve serve-local eval bench demo
 
 setup: $(STAMP)
 
@@ -16,11 +19,14 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	@command -v $(PY_BOOT) >/dev/null || { echo "error: $(PY_BOOT) not found (Python 3.11 is required)"; exit 1; }
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints/cpu.txt -e ".[test]"
+	$(PY) -m pip install --quiet $(TORCH_CONSTRAINT) -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-test: $(STAMP)  ## fast CPU suite (gpu/vllm deselected)
+test: $(STAMP)  ## the CPU suite CI runs (gpu/vllm deselected; includes `slow`)
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP)  ## the CPU suite without `slow` tests, for quick local iterations
+	$(PY) -m pytest -q -m "not slow and not gpu and not vllm"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -32,3 +38,46 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# ---- pipeline stages. Defaults chain: collect -> runs/collect, sft -> runs/sft, rl -> runs/rl. ----------------------
+# GPU nodes: LAUNCH="accelerate launch --config_file configs/accelerate/zero3.yaml" make sft CONFIG=configs/sft/...
+LAUNCH ?= $(PY)
+COLLECT_OUT := runs/collect
+SFT_OUT := runs/sft
+RL_OUT := runs/rl
+
+collect: $(STAMP)  ## CONFIG= OUT= SPLIT= LIMIT= TASKS=
+	$(PY) -m collect --config $(or $(CONFIG),configs/collect/embedded.yaml) --out $(or $(OUT),$(COLLECT_OUT)) \
+		$(if $(SPLIT),--split $(SPLIT)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS))
+
+harvest: $(STAMP)  ## DATA= (a collect OUT): rebuild the SFT / RL datasets from its trajectories
+	$(PY) -m collect.harvest $(or $(DATA),$(COLLECT_OUT))/trajectories.jsonl --out $(or $(DATA),$(COLLECT_OUT))
+
+sft: $(STAMP)  ## CONFIG= DATA= OUT=
+	$(LAUNCH) -m sft.train --config $(or $(CONFIG),configs/sft/tiny.yaml) \
+		--dataset_dir $(or $(DATA),$(COLLECT_OUT))/sft --output_dir $(or $(OUT),$(SFT_OUT))
+
+rl: $(STAMP)  ## CONFIG= DATA= MODEL= OUT=
+	$(LAUNCH) -m rl.train --config $(or $(CONFIG),configs/rl/tiny.yaml) \
+		--dataset_dir $(or $(DATA),$(COLLECT_OUT))/rl_states \
+		--model_name_or_path $(or $(MODEL),$(SFT_OUT)/merged) --output_dir $(or $(OUT),$(RL_OUT))
+
+serve: $(STAMP)  ## CONFIG=configs/serve/<recipe>.yaml (vLLM; GPU nodes with `pip install -e ".[gpu]"`)
+	$(PY) -m serve.vllm --config $(CONFIG)
+
+serve-local: $(STAMP)  ## MODEL= PORT=: a transformers checkpoint as an OpenAI-compatible server on CPU
+	$(PY) -m serve.local --model $(or $(MODEL),$(RL_OUT)) --port $(or $(PORT),8008)
+
+eval: $(STAMP)  ## CONFIG= PLANNER= OUT=
+	$(PY) -m serve.eval --config $(or $(CONFIG),configs/eval/embedded.yaml) $(if $(PLANNER),--planner $(PLANNER)) \
+		--out $(or $(OUT),runs/eval)
+
+bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
+	$(PY) -m bench
+
+demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network
+	$(PY) -m collect --config configs/collect/embedded.yaml --out runs/demo/collect --split train --no-progress
+	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft
+	$(PY) -m rl.train --config configs/rl/tiny.yaml --dataset_dir runs/demo/collect/rl_states \
+		--model_name_or_path runs/demo/sft/merged --output_dir runs/demo/rl
+	$(PY) -m serve.eval --config configs/eval/demo.yaml --out runs/demo

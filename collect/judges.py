@@ -89,10 +89,12 @@ async def omnigaia_judge(
     if client is None or not model:
         return JudgeResult(False, "em_only", extracted, "exact match failed; no judge configured")
     prompt = OMNIGAIA_JUDGE_PROMPT.format(question=question, predicted=extracted, standard=gold)
-    resp = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], temperature=0.0, max_tokens=16
-    )
-    reply = (resp.choices[0].message.content or "") if resp.choices else ""
+    messages = [{"role": "user", "content": prompt}]
+    if hasattr(client, "chat") and callable(client.chat):  # collect.llm.ChatClient (retries, usage, faults)
+        reply = (await client.chat(messages, temperature=0.0, max_tokens=16)).text
+    else:  # a plain openai.AsyncOpenAI
+        resp = await client.chat.completions.create(model=model, messages=messages, temperature=0.0, max_tokens=16)
+        reply = (resp.choices[0].message.content or "") if resp.choices else ""
     if "</think>" in reply:
         reply = reply.split("</think>")[-1]
     return JudgeResult("Incorrect" not in reply, "llm", extracted, reply.strip()[:200])

@@ -24,7 +24,9 @@ def test_distribution_does_not_publish_generic_package_names():
 def test_cpu_torch_is_pinned_and_gpu_packages_are_optional():
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     deps = cfg["project"]["dependencies"]
-    assert "torch==2.13.0" in deps
+    assert "torch==2.13.0" in (ROOT / "constraints/cpu.txt").read_text().split()
+    assert "TORCH_CONSTRAINT ?= -c constraints/cpu.txt" in (ROOT / "Makefile").read_text()
+    assert any(d.startswith("torch") for d in deps)
     assert not any(d.startswith(("vllm", "deepspeed")) for d in deps)
     gpu = cfg["project"]["optional-dependencies"]["gpu"]
     assert any(d.startswith("vllm") for d in gpu) and any(d.startswith("deepspeed") for d in gpu)

@@ -1,0 +1,180 @@
+"""`make eval CONFIG=configs/eval/embedded.yaml [PLANNER=...] [OUT=runs/eval]`: the ledger runtime over a split with
+the planner swapped, critic and finalizer fixed by the base collect config.
+
+One config describes a matrix of cells, planner x arm x perception backend; each cell is an ordinary (resumable)
+collect run in OUT/cells/<planner>__<arm>__<perception>/. Then OUT/summary.json gathers every cell's summary and
+OUT/report.html renders them. A planner is one of:
+  offline                      the privileged teacher planner (an upper reference, not a model)
+  {checkpoint: DIR}            a transformers checkpoint served on CPU by serve.local for the duration of the cell
+  {endpoint: {base_url, model, api_key_env, ...}}   any OpenAI-compatible server (vLLM on a GPU node, an API)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from collect.config import EndpointConfig
+from collect.run import RunDirError, load_config, run_collection
+from collect.trajectory import read_trajectories
+from serve.report import write_report
+
+log = logging.getLogger("eval")
+
+
+@dataclass
+class EvalConfig:
+    base: str = field(default="configs/collect/embedded.yaml", metadata={"help": "collect recipe for everything else"})
+    name: str = field(default="eval", metadata={"help": "report title"})
+    split: str = field(default="test", metadata={"help": "split to evaluate on"})
+    limit: int | None = field(default=None, metadata={"help": "first N tasks of the split (same for every cell)"})
+    planners: dict = field(default_factory=lambda: {"teacher": "offline"}, metadata={"help": "name -> planner"})
+    arms: list = field(default_factory=lambda: ["ledger"], metadata={"help": "ledger | react | memory"})
+    perception: dict = field(
+        default_factory=lambda: {"annotations": {}}, metadata={"help": "name -> ToolsConfig overrides"}
+    )
+    planner_endpoint: dict = field(
+        default_factory=lambda: {"max_tokens": 160, "timeout_s": 120.0, "max_retries": 2},
+        metadata={"help": "defaults for checkpoint planners served locally"},
+    )
+    concurrency: int | None = field(default=None, metadata={"help": "override runtime.concurrency"})
+
+    def __post_init__(self):
+        if not self.planners:
+            raise ValueError("eval config: `planners` is empty")
+        for name, spec in self.planners.items():
+            ok = spec == "offline" or (isinstance(spec, dict) and set(spec) in ({"checkpoint"}, {"endpoint"}))
+            if not ok:
+                raise ValueError(
+                    f"planners.{name}: expected 'offline', {{checkpoint: DIR}} or {{endpoint: {{...}}}}, got {spec!r}"
+                )
+
+
+def load_eval_config(path: str, planner: str | None = None) -> EvalConfig:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"eval config not found: {p}")
+    raw = yaml.safe_load(p.read_text()) or {}
+    known = {f.name for f in dataclasses.fields(EvalConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    cfg = EvalConfig(**raw)
+    if planner:
+        cfg.planners = {_planner_name(planner): parse_planner_arg(planner)}
+    return cfg
+
+
+def parse_planner_arg(planner: str):
+    """PLANNER=offline | a checkpoint directory | an OpenAI-compatible URL (URL#model)."""
+    if planner == "offline":
+        return "offline"
+    if planner.startswith(("http://", "https://")):
+        url, _, model = planner.partition("#")
+        return {"endpoint": {"base_url": url, "model": model or "planner", "api_key_env": "PLANNER_API_KEY"}}
+    if not Path(planner).is_dir():
+        raise ValueError(f"PLANNER={planner!r} is neither 'offline', a URL nor an existing checkpoint directory")
+    return {"checkpoint": planner}
+
+
+def _planner_name(planner: str) -> str:
+    return "offline" if planner == "offline" else Path(planner.partition("#")[0].rstrip("/")).name or "planner"
+
+
+@contextlib.contextmanager
+def planner_endpoint(spec, defaults: dict):
+    """Yield an EndpointConfig (or None for the offline planner), serving a checkpoint locally while in use."""
+    if spec == "offline":
+        yield None
+    elif "endpoint" in spec:
+        yield EndpointConfig(**{**defaults, **spec["endpoint"]})
+    else:
+        from serve.local import LocalServer
+
+        ckpt = spec["checkpoint"]
+        if not Path(ckpt).is_dir():
+            raise FileNotFoundError(f"planner checkpoint not found: {ckpt}")
+        with LocalServer(ckpt) as server:
+            yield EndpointConfig(**{**defaults, "base_url": server.base_url, "model": Path(ckpt).name})
+
+
+def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    base = load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit})
+    cells: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
+    for pname, spec in cfg.planners.items():
+        with planner_endpoint(spec, cfg.planner_endpoint) as endpoint:
+            for arm in cfg.arms:
+                for perc_name, perc in cfg.perception.items():
+                    cell = f"{pname}__{arm}__{perc_name}"
+                    c = copy.deepcopy(base)
+                    c.name = cell
+                    c.runtime = dataclasses.replace(
+                        c.runtime, arm=arm, concurrency=cfg.concurrency or c.runtime.concurrency
+                    )
+                    c.tools = {**c.tools, **perc}
+                    if endpoint is not None:
+                        c.endpoints = {**c.endpoints, "planner": endpoint}
+                        c.roles = dataclasses.replace(c.roles, planner="planner")
+                    cell_out = out / "cells" / cell
+                    log.info("cell %s -> %s", cell, cell_out)
+                    cells[cell] = run_collection(c, cell_out, overwrite=overwrite)
+                    cells[cell]["planner"] = pname
+                    cells[cell]["perception"] = perc_name
+                    records[cell] = list(read_trajectories(cell_out / "trajectories.jsonl"))
+    summary = {"name": cfg.name, "split": cfg.split, "limit": cfg.limit, "cells": cells}
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=1))
+    os.replace(tmp, out / "summary.json")
+    write_report(out / "report.html", cfg.name, cells, records)
+    return summary
+
+
+def format_table(summary: dict) -> str:
+    head = f"{'cell':44s} {'n':>4s} {'acc':>7s} {'95% CI':>15s} {'valid':>7s}  outcomes (acc/rep/forced/insuff/budget)"
+    lines = [head, "-" * len(head)]
+    for name, s in summary["cells"].items():
+        oc = s["outcomes"]
+        ci = s.get("ci95") or [0, 0]
+        acc = s.get("accuracy")
+        valid = s.get("valid_action_rate")
+        lines.append(
+            f"{name:44s} {s['n_tasks']:4d} {(acc or 0) * 100:6.1f}% {ci[0] * 100:6.1f}-{ci[1] * 100:5.1f}% "
+            f"{(valid or 0) * 100:6.1f}%  {oc['accepted']}/{oc['repaired']}/{oc['forced']}/{oc['insufficient']}/"
+            f"{oc['budget_exhausted']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m serve.eval", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="configs/eval/embedded.yaml")
+    ap.add_argument("--planner", default=None, help="offline | checkpoint dir | URL#model (replaces `planners`)")
+    ap.add_argument("--out", default="runs/eval")
+    ap.add_argument("--overwrite", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = load_eval_config(args.config, args.planner)
+        summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
+    except (ValueError, FileNotFoundError, RunDirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    print(f"\nwrote {args.out}/summary.json and {args.out}/report.html")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

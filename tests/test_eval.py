@@ -1,0 +1,120 @@
+"""Evaluation end to end: a tiny checkpoint served by serve.local is swapped in as the planner through the real openai
+client; a short eval writes a complete summary and a self-contained report that parses."""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+from collect.ledger import OUTCOMES
+from serve.eval import format_table, load_eval_config, parse_planner_arg, run_eval
+from sft.tiny import build_tiny_model
+
+SUMMARY_KEYS = {
+    "n_tasks",
+    "accuracy",
+    "ci95",
+    "by_difficulty",
+    "by_category",
+    "outcomes",
+    "accuracy_by_outcome",
+    "avg_tool_calls",
+    "tool_distribution",
+    "planner_prompt_tokens_by_step",
+    "closure_audit",
+    "valid_action_rate",
+}
+
+
+class _Collect(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        for k, v in attrs:
+            if k in ("src", "href") and v and v.startswith(("http://", "https://", "//")):
+                self.external.append(v)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.mark.slow
+def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_report(tmp_path, tiny_ckpt):
+    cfg_path = tmp_path / "eval.yaml"
+    cfg_path.write_text(
+        yaml.safe_dump(
+            {
+                "base": "configs/collect/embedded.yaml",
+                "name": "e2e",
+                "split": "test",
+                "limit": 2,
+                "planners": {"teacher": "offline", "tiny": {"checkpoint": str(tiny_ckpt)}},
+                "arms": ["ledger", "react"],
+                "planner_endpoint": {"max_tokens": 24, "timeout_s": 60.0, "max_retries": 1},
+            }
+        )
+    )
+    out = tmp_path / "eval"
+    summary = run_eval(load_eval_config(str(cfg_path)), out)
+    cells = summary["cells"]
+    assert set(cells) == {
+        "teacher__ledger__annotations",
+        "teacher__react__annotations",
+        "tiny__ledger__annotations",
+        "tiny__react__annotations",
+    }
+    for name, s in cells.items():
+        assert SUMMARY_KEYS <= set(s), name
+        assert s["n_tasks"] == 2 and sum(s["outcomes"].values()) == 2
+        assert set(s["outcomes"]) == set(OUTCOMES)
+    tiny = cells["tiny__ledger__annotations"]
+    # the served planner really answered: prompt tokens were counted by the server for every planner call
+    assert tiny["planner_calls"] > 0 and all(v > 0 for v in tiny["planner_prompt_tokens_by_step"].values())
+    traj = (out / "cells/tiny__ledger__annotations/trajectories.jsonl").read_text().splitlines()
+    assert {json.loads(x)["models"]["planner"] for x in traj} == {tiny_ckpt.name}  # the served model, not the teacher
+    assert cells["teacher__ledger__annotations"]["accuracy"] == 1.0  # the offline reference still closes its tasks
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["cells"].keys() == cells.keys()
+    table = format_table(summary)
+    assert "tiny__ledger__annotations" in table
+
+    html = (out / "report.html").read_text()
+    p = _Collect()
+    p.feed(html)
+    assert p.external == [], "the report must open from disk with no network"
+    assert p.tags.count("svg") >= 2 and "table" in p.tags and "details" in p.tags
+    text = " ".join(p.text)
+    for needle in ("planner prompt tokens per call", "Per-task viewer", "planner saw", "ledger diff", "outcomes"):
+        assert needle in text, needle
+
+
+def test_planner_argument_forms(tmp_path):
+    assert parse_planner_arg("offline") == "offline"
+    assert parse_planner_arg("http://h:8000/v1#qwen")["endpoint"]["model"] == "qwen"
+    assert parse_planner_arg(str(tmp_path)) == {"checkpoint": str(tmp_path)}
+    with pytest.raises(ValueError, match="neither"):
+        parse_planner_arg(str(tmp_path / "missing"))
+
+
+def test_eval_config_rejects_unknown_keys_and_bad_planners(tmp_path):
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump({"planerz": {}}))
+    with pytest.raises(ValueError, match="planerz"):
+        load_eval_config(str(p))
+    p.write_text(yaml.safe_dump({"planners": {"x": {"weights": "y"}}}))
+    with pytest.raises(ValueError, match="planners.x"):
+        load_eval_config(str(p))
