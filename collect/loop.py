@@ -13,14 +13,15 @@ Algorithm 1 -> this code (ledger arm):
       else y <- finalize(S_t); if answer_critic(y) = PASS: return y  AnswerAccepted (accepted | repaired)
            else S <- S (+) blocked-finish diagnosis                   FinishBlocked(hint)
     else o_t <- execute(a_t); v_t <- critic(d_t, o_t); S <- S (+) event(o_t, v_t)
-                                        execute -> critic.judge -> ObservationCommitted; ToolFailure -> ToolError
+                                        execute -> critic.judge -> ObservationCommitted; tool exception -> ToolError
   return budget_exhausted               Stop(budget_exhausted)
 Departures from the textbook, all explicit:
   * Forced answer: a finish attempted once blocked_finishes >= max_revisions skips gate and answer critic; the
     finalizer drafts from the ledger and AnswerAccepted(forced=True) ends the run (outcome `forced`).
   * The latest raw observation (or the error/blocked-finish note) is shown to the planner once, truncated; the
     digest is the planner's only memory in the ledger arm.
-  * insufficient / budget_exhausted end without an answer (no unsupported answer is forced).
+  * insufficient / budget_exhausted end with answer None here; the collect engine (collect/run.py) then reports the
+    answer "insufficient" for both, as Algorithm 1 does (lines 17 and 20), and keeps the outcome labels apart.
 Arms over the same tools and budget:
   react:  the planner sees R0 + its own assistant tool_call / tool messages (raw observations accumulate); finish
           returns the planner's answer at once (no gate, no finalizer, no answer critic, no insufficient stop). The
