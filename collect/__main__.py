@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for noisy in ("httpx", "httpx2", "bm25s"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     overrides = {"split": args.split, "limit": args.limit}
     if args.tasks:

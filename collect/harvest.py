@@ -116,7 +116,8 @@ def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:
         with open(out / f"{name}.{split}.jsonl", "w", encoding="utf-8") as f:
             for r in rs:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    DatasetDict({split: Dataset.from_list(rs) for split, rs in rows.items()}).save_to_disk(str(out / name))
+    # an empty split (eval_share 0, or very few tasks) is left out: datasets cannot reload a saved empty Dataset
+    DatasetDict({split: Dataset.from_list(rs) for split, rs in rows.items() if rs}).save_to_disk(str(out / name))
 
 
 def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: float = 0.1, seed: int = 0) -> dict:

@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "httpx2", "bm25s"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         cfg = load_eval_config(args.config, args.planner)
         summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
