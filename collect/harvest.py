@@ -158,6 +158,10 @@ def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: floa
             rl[split] += r_rows
             rows_per_task[traj["task_id"]] = len(s_rows)
             actions.update(json.loads(r["reference_action"])["name"] for r in r_rows)
+    # Rows in task-id order, not in the order concurrent tasks happened to finish: the datasets (and so SFT's
+    # shuffled batches) are then a deterministic function of the trajectories.
+    for rows in (*sft.values(), *rl.values()):
+        rows.sort(key=lambda r: (r["task_id"], r.get("kind", "") != "need_parse", r["step"]))
     _save(sft, out, "sft")
     _save(rl, out, "rl_states")
     n_kept = len(rows_per_task)

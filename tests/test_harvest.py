@@ -100,3 +100,17 @@ def test_need_parse_rows_carry_the_declared_needs(harvested):
         t = by_id[r["task_id"]]
         assert r["prompt"] == t["need_parse"]["input"]["messages"] and r["tools"] == "[]"
         assert json.loads(r["completion"][0]["content"]) == t["need_parse"]["needs"]
+
+
+def test_datasets_do_not_depend_on_the_order_tasks_finished_in(harvested, tmp_path):
+    """Concurrent collect appends tasks in completion order; the harvested rows must not depend on it."""
+    import random
+
+    trajs, data, _ = harvested
+    shuffled = trajs[:]
+    random.Random(7).shuffle(shuffled)
+    path = tmp_path / "shuffled.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in shuffled))
+    harvest(path, tmp_path / "data", eval_share=0.25, seed=0)
+    for name in ("sft.train.jsonl", "sft.eval.jsonl", "rl_states.train.jsonl"):
+        assert (tmp_path / "data" / name).read_bytes() == (data / name).read_bytes(), name
