@@ -89,8 +89,8 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
                 tool_counts[a["name"]] += 1
                 calls += 1
             if "planner_input" in s:
-                tokens_by_step[int(s["t"]) + 1].append(int(s.get("prompt_tokens") or 0))
-                chars_by_step[int(s["t"]) + 1].append(
+                tokens_by_step[int(s["t"])].append(int(s.get("prompt_tokens") or 0))
+                chars_by_step[int(s["t"])].append(
                     sum(len(m.get("content") or "") for m in s["planner_input"].get("messages", []))
                 )
             for ev in s.get("events", []):

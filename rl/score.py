@@ -65,6 +65,10 @@ def score(
     columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
     comps = asyncio.run(score_components(completions, columns))
     totals = total(comps, cfg.reward_weights)
+    from rewards.rules import parse_candidate
+
+    ref_tools = [json.loads(r)["name"] for r in ds["reference_action"]]
+    picked = [getattr(parse_candidate(c), "name", None) for c in completions]
     result = {
         "model": model,
         "split": split,
@@ -72,6 +76,8 @@ def score(
         "total": _mean(totals),
         **{k: _mean(v) for k, v in comps.items()},
         "judge_skipped": sum(v is None for v in comps["target"]),
+        # share of states where the greedy decision calls the same tool as the recorded (teacher) action
+        "reference_tool_match": _mean([float(p == r) for p, r in zip(picked, ref_tools, strict=True)]),
     }
     return result
 
