@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     print(f"\n{'benchmark':34s} {'figure':>12s}  {'unit':58s} {'target':>12s}  met")
     for r in results:
         met = {True: "yes", False: "NO", None: "-"}[r.get("met")]
-        print(f"{r['name']:34s} {r['figure']:>12} {r['unit'][:58]:58s} {r['target']:>12s}  {met}")
+        print(f"{r['name']:34s} {r['figure']!s:>12} {r['unit'][:58]:58s} {r['target']:>12s}  {met}")
     print(f"\n{mach['date']} · {mach['platform']} · {mach['cpus']} CPUs · torch {mach['torch']}")
     print(f"total {time.perf_counter() - t_all:.0f} s; wrote {out}")
     return 0

@@ -14,6 +14,7 @@ from collect.actions import Action
 from collect.config import RuntimeConfig
 from collect.loop import run_task
 from collect.roles.base import PlannerReply, Usage
+from collect.roles.render import truncate
 from collect.teacher import make_teacher_roles
 from collect.tools import ToolBox, ToolsConfig
 from collect.world import load_world
@@ -40,6 +41,7 @@ def run(tokenizer, n_tasks: int = 8, steps: int = 15) -> dict:
     for arm in ("ledger", "memory", "react"):
         cfg = RuntimeConfig(arm=arm, max_steps=steps, unfillable_after=99)
         per_step: dict[int, list[int]] = {}
+        persistent: dict[int, list[int]] = {}
         for task in tasks:
             roles = make_teacher_roles(task)
             roles = dataclasses.replace(roles, planner=SlowTeacherPlanner(roles.planner))
@@ -51,10 +53,16 @@ def run(tokenizer, n_tasks: int = 8, steps: int = 15) -> dict:
                     pi["messages"], tools=pi["tools"], add_generation_prompt=True, tokenize=True, return_dict=False
                 )
                 per_step.setdefault(int(s["t"]), []).append(len(ids))
+                # the latest raw observation is shown once (not persistent); its share, to separate the two
+                latest = truncate(s.get("latest_observation") or "", cfg.max_observation_chars)
+                obs_tokens = len(tokenizer(latest, add_special_tokens=False)["input_ids"]) if latest else 0
+                persistent.setdefault(int(s["t"]), []).append(len(ids) - obs_tokens)
         means = {k: statistics.mean(v) for k, v in sorted(per_step.items())}
+        pmeans = {k: statistics.mean(v) for k, v in sorted(persistent.items())}
         out[arm] = {
             "tokens_by_step": {k: round(v, 1) for k, v in means.items()},
             "ratio_by_step": {k: round(v / means[1], 3) for k, v in means.items()},
+            "persistent_ratio_by_step": {k: round(v / pmeans[1], 3) for k, v in pmeans.items()},
         }
     last = max(out["ledger"]["ratio_by_step"])
     r = out["ledger"]["ratio_by_step"][last]
@@ -66,6 +74,9 @@ def run(tokenizer, n_tasks: int = 8, steps: int = 15) -> dict:
         "met": r <= 1.25,
         "inputs": {"tasks": [t.id for t in tasks], "max_steps": steps, "useful_every": 4},
         "extra": {
+            "ledger_persistent_ratio_at_last (prompt minus the latest observation shown once)": out["ledger"][
+                "persistent_ratio_by_step"
+            ].get(last),
             "memory_ratio_at_last": out["memory"]["ratio_by_step"].get(last),
             "react_ratio_at_last": out["react"]["ratio_by_step"].get(last),
             "arms": out,

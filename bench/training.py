@@ -40,7 +40,7 @@ def run(work: Path, data: Path, sft_steps: int = 30, rl_steps: int = 4) -> list[
         ]
     )
     s = json.loads((sft_out / "train_summary.json").read_text())
-    tok_s = s.get("train_tokens_per_s") or s.get("tokens_per_s")
+    tok_s = (s["num_tokens"] / s["train_time_s"]) if s.get("num_tokens") and s.get("train_time_s") else None
     rl_out = work / "rl"
     rl_wall = _run(
         [

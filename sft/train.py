@@ -183,6 +183,10 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "eval_rows": len(dataset["eval"]) if "eval" in dataset else 0,
         "steps": trainer.state.global_step,
         "train_time_s": round(train_time, 2),
+        # tokens the trainer consumed (TRL logs a running num_tokens), for throughput figures
+        "num_tokens": next(
+            (int(float(h["num_tokens"])) for h in reversed(trainer.state.log_history) if "num_tokens" in h), None
+        ),
         "train_loss": result.training_loss,
         "first_loss": losses[0]["loss"] if losses else None,
         "last_loss": losses[-1]["loss"] if losses else None,
