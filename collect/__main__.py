@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 
-from collect.run import RunDirError, load_config, run_collection
+from collect.run import RunDirError, load_config, run_collection, setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,9 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-mixed-config", action="store_true", help="resume into an OUT made by another config")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "httpx2", "bm25s"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging()
 
     overrides = {"split": args.split, "limit": args.limit}
     if args.tasks:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -101,14 +102,27 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Colle
         raise ValueError(f"{p}: {e}") from None
 
 
+@functools.lru_cache(maxsize=4)
+def embedded_world(seed: int):
+    """The generated world, built once per process and seed (tasks and corpus; eval cells reuse it)."""
+    from collect.world import load_world
+
+    return load_world(seed=seed)
+
+
+def setup_logging() -> None:
+    """Console logging for the entry points, without the per-request INFO lines of HTTP and BM25 libraries."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("httpx", "httpx2", "bm25s"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def load_task_list(cfg: CollectConfig) -> list:
     from collect import loaders, tasks
 
     src = cfg.tasks
     if src.kind == "embedded":
-        from collect.world import load_world
-
-        world = load_world(seed=src.seed)
+        world = embedded_world(src.seed)
         items = world.tasks if cfg.split in (None, "all") else world.split(cfg.split)
     elif src.kind == "file":
         items = tasks.load_tasks(src.path)
@@ -220,9 +234,7 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
     pool = ClientPool(cfg.endpoints, concurrency=cfg.runtime.concurrency)
     corpus = None
     if cfg.tasks.kind == "embedded":
-        from collect.world import load_world
-
-        corpus = load_world(seed=cfg.tasks.seed).corpus
+        corpus = embedded_world(cfg.tasks.seed).corpus
     writer = TrajectoryWriter(out / "trajectories.jsonl")
     errored: dict[str, str] = {}
     sem = asyncio.Semaphore(max(1, cfg.runtime.concurrency))

@@ -106,11 +106,12 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
                 cost += float(u.get("cost_usd") or 0.0)
                 prompt_tokens += int(u.get("prompt_tokens") or 0)
                 completion_tokens += int(u.get("completion_tokens") or 0)
+    overall = _acc(records)
     mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
     summary = {
         "n_tasks": len(records),
-        **{k: v for k, v in _acc(records).items() if k != "n"},
-        "n_judged": _acc(records)["n"],
+        **{k: v for k, v in overall.items() if k != "n"},
+        "n_judged": overall["n"],
         "by_difficulty": _group(records, "difficulty"),
         "by_category": _group(records, "category"),
         "by_family": _group(records, "family"),

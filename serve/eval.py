@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from collect.config import EndpointConfig
-from collect.run import RunDirError, load_config, run_collection
+from collect.run import RunDirError, load_config, run_collection, setup_logging
 from collect.trajectory import read_trajectories
 from serve.report import write_report
 
@@ -164,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/eval")
     ap.add_argument("--overwrite", action="store_true")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "httpx2", "bm25s"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    setup_logging()
     try:
         cfg = load_eval_config(args.config, args.planner)
         summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)

@@ -14,14 +14,9 @@ from collect.ledger import TERMINAL_STATUSES, ready, replay, state_hash
 from tests.test_ledger_props import _states, event_seqs
 
 SEQUENCES = int(os.environ.get("LEDGER_FUZZ_SEQUENCES", "10000"))
-seen = {"n": 0}
 
 
-@pytest.mark.slow
-@settings(max_examples=SEQUENCES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-@given(event_seqs())
-def test_ledger_invariants_hold_over_10k_random_event_sequences(events):
-    seen["n"] += 1
+def check_invariants(events) -> None:
     states = _states(events)
     # determinism: replaying the same events gives the same state and hash
     again = replay(list(events))
@@ -39,8 +34,8 @@ def test_ledger_invariants_hold_over_10k_random_event_sequences(events):
         assert after.atoms[: len(before.atoms)] == before.atoms
     for s in states:
         for n in s.needs:
-            # a need is never both filled and unfillable: its slot is empty whenever it is unfillable
             assert n.status in ("unfilled", "partial", "filled", "unfillable")
+        # a need is never both filled and unfillable: its slot is empty whenever it is unfillable
         for slot in s.slots:
             if s.needs[slot.need_index].status == "unfillable":
                 assert slot.value is None
@@ -52,8 +47,16 @@ def test_ledger_invariants_hold_over_10k_random_event_sequences(events):
 
 
 @pytest.mark.slow
-def test_fuzz_ran_the_requested_number_of_sequences():
-    """Guards against a hypothesis configuration that silently runs fewer examples than the issue asks for."""
-    if seen["n"] == 0:
-        pytest.skip("run together with the fuzz test")
-    assert seen["n"] >= min(SEQUENCES, 10000)
+def test_ledger_invariants_hold_over_10k_random_event_sequences():
+    seen = 0
+
+    @settings(max_examples=SEQUENCES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(event_seqs())
+    def run(events):
+        nonlocal seen
+        seen += 1
+        check_invariants(events)
+
+    run()
+    # guards against a hypothesis configuration that silently runs fewer examples than the issue asks for
+    assert seen >= SEQUENCES
