@@ -215,6 +215,9 @@ def train(cfg: RLConfig):
     # 3. GRPO with the paper's objective
     from trl import GRPOConfig, GRPOTrainer
 
+    from sft.lm_head import compact_lm_head_on_cpu
+
+    compact_lm_head_on_cpu()  # CPU only: the policy's log-probs over completion tokens only (same loss, faster)
     args = GRPOConfig(
         output_dir=cfg.output_dir,
         num_generations=cfg.num_generations,

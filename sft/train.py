@@ -5,7 +5,8 @@
 
 Reads top to bottom:
   1. parse the YAML recipe into (SFTScriptArguments, trl.SFTConfig, trl.ModelConfig) with trl.TrlParser;
-  2. pick the device setup: bf16 on CUDA, fp32 + use_cpu on CPU;
+  2. pick the device setup: bf16 on CUDA, fp32 + use_cpu on CPU (where TRL's fused LM head is told to score only
+     the labelled positions, sft/lm_head.py);
   3. build the tiny model into OUT/base when the recipe asks for it and the model path does not exist;
   4. load the harvested prompt-completion dataset (DATA/sft, from collect.harvest) -> loss on the completion only;
   5. train (LoRA through PEFT when use_peft, else a full fine-tune);
@@ -28,6 +29,8 @@ import torch
 from datasets import DatasetDict, load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
+
+from sft.lm_head import compact_lm_head_on_cpu
 
 SFT_COLUMNS = ["prompt", "completion", "tools"]
 
@@ -65,6 +68,7 @@ def configure_device(training_args: SFTConfig, model_args: ModelConfig) -> torch
     training_args.use_cpu = True
     training_args.bf16 = False
     training_args.fp16 = False
+    compact_lm_head_on_cpu()  # same loss, about 2x faster steps on CPU (sft/lm_head.py)
     return torch.float32
 
 

@@ -64,6 +64,51 @@ def test_collated_labels_cover_exactly_the_action_tokens(setup):
         assert tok.decode(ids[:first]).endswith("<|im_start|>assistant\n")  # nothing of the prompt is trained
 
 
+def test_cpu_compact_lm_head_scores_only_labelled_positions_with_the_same_loss_and_gradients(setup, monkeypatch):
+    from trl.trainer import utils as trl_utils
+
+    from sft.lm_head import compact_lm_head_on_cpu, restore_lm_head
+
+    d, base = setup
+    trainer, _ = build_trainer(*_args("configs/sft/tiny.yaml", d, base, d / "compact", "--kinds", "decision"))
+    cpu = torch.device("cpu")
+    assert trl_utils._use_triton(cpu)  # build_trainer on CPU switched the fused head to the compact path
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
+    n_labelled = int((batch["labels"][:, 1:] != -100).sum())
+    seen = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+
+    def spy(hidden, *a):
+        seen.append(hidden.shape[0])
+        return apply(hidden, *a)
+
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", spy)
+    model = trainer.model
+
+    def step():
+        model.zero_grad()
+        out = model(**batch, fused_lm_head=True)
+        out.loss.backward()
+        return out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    compact, g_compact = step()
+    restore_lm_head()
+    try:
+        assert not trl_utils._use_triton(cpu)
+        full, g_full = step()
+    finally:
+        compact_lm_head_on_cpu()
+    b, length = batch["input_ids"].shape
+    assert seen == [n_labelled, b * (length - 1)]  # compact: the action tokens only; full: every position
+    assert n_labelled < b * (length - 1) / 5
+    assert torch.allclose(compact.loss, full.loss, atol=1e-5)
+    assert torch.equal(compact.label_mask, full.label_mask)
+    assert torch.allclose(compact.entropy, full.entropy, atol=1e-4)
+    assert g_compact.keys() == g_full.keys() and len(g_full) > 10
+    for name in g_full:
+        assert torch.allclose(g_compact[name], g_full[name], atol=1e-5, rtol=1e-4), name
+
+
 def test_full_finetune_loss_falls_weights_change_and_merged_checkpoint_generates(setup):
     d, base = setup
     out = d / "full"
