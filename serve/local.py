@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from collect.actions import TOOL_CALL_RE
 
-DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_TOKENS = 640
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:

@@ -111,3 +111,32 @@ def test_ledger_prompts_are_compact(tok):
     text = tok.apply_chat_template(_with_action(st), tools=st["planner_input"]["tools"], tokenize=False)
     n = len(tok.encode(text, add_special_tokens=False))
     assert len(text) / n > 4.0, f"{len(text)} chars -> {n} tokens"
+
+
+def test_decision_budgets_cover_the_teachers_longest_action(tok, monkeypatch):
+    """A planner cut off mid-call emits an invalid action: the tiny RL recipe (generation length, also rl.score's
+    default) and the demo eval's planner max_tokens must fit the longest call the teacher makes, a code_executor
+    program (compute helpers + values), which is an order of magnitude longer than any other action."""
+    from pathlib import Path
+
+    from collect.world.compute import program
+    from rl.train import load_config
+    from serve.eval import EvalConfig, load_eval_config
+
+    root = Path(__file__).resolve().parents[1]
+    code = "# second attempt\n" + program(
+        "days_between(v1, v2) * to_num(v3)", {1: "14 September 2019", 2: "28 February 2023", 3: "1,234.75 tessels"}
+    )
+    action = Action("code_executor", {"code": code, "need_index": 12}).to_text() + "<|im_end|>"
+    n = len(tok(action)["input_ids"])
+    assert n > 300  # really the long case
+    monkeypatch.chdir(root)
+    budgets = {
+        "configs/rl/tiny.yaml max_completion_length": load_config("configs/rl/tiny.yaml", {}).max_completion_length,
+        "configs/eval/demo.yaml planner max_tokens": load_eval_config("configs/eval/demo.yaml").planner_endpoint[
+            "max_tokens"
+        ],
+        "eval default planner max_tokens": EvalConfig().planner_endpoint["max_tokens"],
+    }
+    for where, budget in budgets.items():
+        assert budget >= n + 16, f"{where} = {budget} < {n} tokens of the longest teacher action"
