@@ -5,7 +5,8 @@ One config describes a matrix of cells, planner x arm x perception backend; each
 collect run in OUT/cells/<planner>__<arm>__<perception>/. Then OUT/summary.json gathers every cell's summary and
 OUT/report.html renders them. A planner is one of:
   offline                      the privileged teacher planner (an upper reference, not a model)
-  {checkpoint: DIR}            a transformers checkpoint served on CPU by serve.local for the duration of the cell
+  {checkpoint: DIR}            a transformers checkpoint served on CPU by serve.local for the duration of the cell;
+                               {checkpoint: DIR, endpoint: {max_tokens: 64}} overrides planner_endpoint for it
   {endpoint: {base_url, model, api_key_env, ...}}   any OpenAI-compatible server (vLLM on a GPU node, an API)
 """
 
@@ -44,7 +45,7 @@ class EvalConfig:
         default_factory=lambda: {"annotations": {}}, metadata={"help": "name -> ToolsConfig overrides"}
     )
     planner_endpoint: dict = field(
-        default_factory=lambda: {"max_tokens": 160, "timeout_s": 120.0, "max_retries": 2},
+        default_factory=lambda: {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2},
         metadata={"help": "defaults for checkpoint planners served locally"},
     )
     concurrency: int | None = field(default=None, metadata={"help": "override runtime.concurrency"})
@@ -53,11 +54,14 @@ class EvalConfig:
         if not self.planners:
             raise ValueError("eval config: `planners` is empty")
         for name, spec in self.planners.items():
-            ok = spec == "offline" or (isinstance(spec, dict) and set(spec) in ({"checkpoint"}, {"endpoint"}))
+            keys = set(spec) if isinstance(spec, dict) else None
+            ok = spec == "offline" or keys in ({"checkpoint"}, {"endpoint"}, {"checkpoint", "endpoint"})
             if not ok:
                 raise ValueError(
                     f"planners.{name}: expected 'offline', {{checkpoint: DIR}} or {{endpoint: {{...}}}}, got {spec!r}"
                 )
+            if keys == {"checkpoint", "endpoint"} and {"base_url", "model"} & set(spec["endpoint"]):
+                raise ValueError(f"planners.{name}: a served checkpoint gets its base_url/model from serve.local")
 
 
 def load_eval_config(path: str, planner: str | None = None) -> EvalConfig:
@@ -96,7 +100,7 @@ def planner_endpoint(spec, defaults: dict):
     """Yield an EndpointConfig (or None for the offline planner), serving a checkpoint locally while in use."""
     if spec == "offline":
         yield None
-    elif "endpoint" in spec:
+    elif "checkpoint" not in spec:
         yield EndpointConfig(**{**defaults, **spec["endpoint"]})
     else:
         from serve.local import LocalServer
@@ -105,7 +109,8 @@ def planner_endpoint(spec, defaults: dict):
         if not Path(ckpt).is_dir():
             raise FileNotFoundError(f"planner checkpoint not found: {ckpt}")
         with LocalServer(ckpt) as server:
-            yield EndpointConfig(**{**defaults, "base_url": server.base_url, "model": Path(ckpt).name})
+            overrides = spec.get("endpoint") or {}
+            yield EndpointConfig(**{**defaults, **overrides, "base_url": server.base_url, "model": Path(ckpt).name})
 
 
 def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:

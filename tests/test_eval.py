@@ -118,3 +118,31 @@ def test_eval_config_rejects_unknown_keys_and_bad_planners(tmp_path):
     p.write_text(yaml.safe_dump({"planners": {"x": {"weights": "y"}}}))
     with pytest.raises(ValueError, match="planners.x"):
         load_eval_config(str(p))
+
+
+def test_a_served_checkpoint_takes_per_planner_endpoint_overrides(tmp_path, monkeypatch):
+    import serve.local
+    from serve.eval import planner_endpoint
+
+    class FakeServer:
+        base_url = "http://127.0.0.1:1/v1"
+
+        def __init__(self, ckpt):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(serve.local, "LocalServer", FakeServer)
+    defaults = {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2}
+    with planner_endpoint({"checkpoint": str(tmp_path), "endpoint": {"max_tokens": 64}}, defaults) as ep:
+        assert (ep.max_tokens, ep.timeout_s, ep.base_url) == (64, 120.0, FakeServer.base_url)
+    with planner_endpoint({"checkpoint": str(tmp_path)}, defaults) as ep:
+        assert ep.max_tokens == 640
+    p = tmp_path / "e.yaml"
+    p.write_text(yaml.safe_dump({"planners": {"x": {"checkpoint": "d", "endpoint": {"base_url": "http://h"}}}}))
+    with pytest.raises(ValueError, match="serve.local"):
+        load_eval_config(str(p))
