@@ -11,7 +11,7 @@ export PYTHONPATH := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast lint format clean collect harvest sft rl serve serve-local eval bench demo
+.PHONY: setup test test-fast lint format clean collect harvest sft rl heldout serve serve-local eval bench demo
 
 setup: $(STAMP)
 
@@ -61,6 +61,13 @@ rl: $(STAMP)  ## CONFIG= DATA= MODEL= OUT=
 	$(LAUNCH) -m rl.train --config $(or $(CONFIG),configs/rl/tiny.yaml) \
 		--dataset_dir $(or $(DATA),$(COLLECT_OUT))/rl_states \
 		--model_name_or_path $(or $(MODEL),$(SFT_OUT)/merged) --output_dir $(or $(OUT),$(RL_OUT))
+
+heldout: $(STAMP)  ## MODEL=: greedy decisions on every teacher state of the embedded test split (valid, same tool, rewards)
+	$(PY) -m collect --config configs/collect/embedded.yaml --out runs/heldout/collect --split test --no-harvest \
+		--no-progress
+	$(PY) -m collect.harvest runs/heldout/collect/trajectories.jsonl --out runs/heldout/states --eval-share 0.0
+	$(PY) -m rl.score --dataset_dir runs/heldout/states/rl_states --split train --n 100000 \
+		--model $(or $(MODEL),$(SFT_OUT)/merged) --config configs/rl/tiny.yaml
 
 serve: $(STAMP)  ## CONFIG=configs/serve/<recipe>.yaml (vLLM; GPU nodes with `pip install -e ".[gpu]"`)
 	$(PY) -m serve.vllm --config $(CONFIG)
