@@ -80,6 +80,23 @@ _PERCEPTION_DESC = {
 }
 
 
+def _function_schema(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    """The OpenAI function-tool envelope every tool schema shares (closed objects: no extra arguments)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
 def _perception_schema(tool: str, r0: TaskContext) -> dict:
     assets = [a for a in r0.assets if tool in PERCEPTION_TOOLS[a.type]]
     props: dict = {
@@ -96,14 +113,7 @@ def _perception_schema(tool: str, r0: TaskContext) -> dict:
         }
     props["need_index"] = _NEED_INDEX
     required = (["asset_id"] if len(r0.assets) > 1 else []) + ["query"]
-    return {
-        "type": "function",
-        "function": {
-            "name": tool,
-            "description": _PERCEPTION_DESC[tool],
-            "parameters": {"type": "object", "properties": props, "required": required, "additionalProperties": False},
-        },
-    }
+    return _function_schema(tool, _PERCEPTION_DESC[tool], props, required)
 
 
 def tool_schemas(r0: TaskContext, web: bool = True) -> list[dict]:
@@ -112,61 +122,35 @@ def tool_schemas(r0: TaskContext, web: bool = True) -> list[dict]:
     for t in r0.tools():
         if t in _PERCEPTION_DESC:
             out.append(_perception_schema(t, r0))
-        elif t == "web_search":
-            if not web:
-                continue
+        elif t == "web_search" and web:
             out.append(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": "web_search",
-                        "description": "Search the web; returns titles, links, snippets and dates.",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {
-                                "query": {"type": "string", "description": "search query"},
-                                "need_index": _NEED_INDEX,
-                            },
-                            "required": ["query"],
-                            "additionalProperties": False,
-                        },
-                    },
-                }
+                _function_schema(
+                    "web_search",
+                    "Search the web; returns titles, links, snippets and dates.",
+                    {"query": {"type": "string", "description": "search query"}, "need_index": _NEED_INDEX},
+                    ["query"],
+                )
             )
         elif t == "code_executor":
             out.append(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": "code_executor",
-                        "description": "Run a self-contained Python program in a sandbox; returns stdout/stderr.",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {
-                                "code": {"type": "string", "description": "Python source; print the result"},
-                                "need_index": _NEED_INDEX,
-                            },
-                            "required": ["code"],
-                            "additionalProperties": False,
-                        },
+                _function_schema(
+                    "code_executor",
+                    "Run a self-contained Python program in a sandbox; returns stdout/stderr.",
+                    {
+                        "code": {"type": "string", "description": "Python source; print the result"},
+                        "need_index": _NEED_INDEX,
                     },
-                }
+                    ["code"],
+                )
             )
         elif t == "finish":
             out.append(
-                {
-                    "type": "function",
-                    "function": {
-                        "name": "finish",
-                        "description": "Submit a draft answer when the evidence is complete.",
-                        "parameters": {
-                            "type": "object",
-                            "properties": {"answer": {"type": "string"}},
-                            "required": ["answer"],
-                            "additionalProperties": False,
-                        },
-                    },
-                }
+                _function_schema(
+                    "finish",
+                    "Submit a draft answer when the evidence is complete.",
+                    {"answer": {"type": "string"}},
+                    ["answer"],
+                )
             )
     return out
 
