@@ -28,14 +28,10 @@ from collect.ledger import (
     initial_ledger,
     ready,
     reduce,
-    render_digest,
     state_hash,
 )
-
-PLANNER_SYSTEM = (
-    "You are the planner of an evidence-ledger agent. Read the ledger digest and choose exactly one tool call that "
-    "advances an actionable evidence need. Call finish only when finish_available is true."
-)
+from collect.roles.render import render_planner_messages
+from collect.tools import tool_schemas
 
 _SUBJECTS = [
     "the red kettle",
@@ -62,53 +58,6 @@ _FACTS = [
     "record holder",
 ]
 _SOURCES = ["subtitle", "audio", "visual", "web", "computation"]
-
-
-def tool_schemas(tool_names: tuple[str, ...] | list[str], r0: TaskContext | None = None) -> list[dict]:
-    """OpenAI function schemas for R0's tools: collect.tools.tool_schemas when present, else a minimal stand-in."""
-    if r0 is not None:
-        try:
-            from collect.tools import tool_schemas as real_schemas
-        except ImportError:
-            pass
-        else:
-            return real_schemas(r0)
-    need = {"type": "integer", "description": "index of the evidence need this call targets"}
-    params = {
-        "web_search": {"query": {"type": "string"}, "need_index": need},
-        "code_executor": {"code": {"type": "string"}, "need_index": need},
-        "finish": {"answer": {"type": "string"}},
-    }
-    required = {"web_search": ["query"], "code_executor": ["code"], "finish": ["answer"]}
-    out = []
-    for name in tool_names:
-        props = params.get(name, {"asset_id": {"type": "string"}, "query": {"type": "string"}, "need_index": need})
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": name,
-                    "description": f"{name.replace('_', ' ')} tool",
-                    "parameters": {"type": "object", "properties": props, "required": required.get(name, ["query"])},
-                },
-            }
-        )
-    return out
-
-
-def _planner_messages(r0: TaskContext, ledger, observation: str | None = None) -> list[dict]:
-    """The real planner rendering (collect.roles.render) when present, else a minimal digest prompt."""
-    try:
-        from collect.roles.render import render_planner_messages
-    except ImportError:
-        pass
-    else:
-        return render_planner_messages(r0, ledger, observation, "ledger")
-    user = f"Question: {r0.question}\nAssets: {json.dumps([a.id for a in r0.assets])}\nLedger digest:\n"
-    return [
-        {"role": "system", "content": PLANNER_SYSTEM},
-        {"role": "user", "content": user + render_digest(r0, ledger)},
-    ]
 
 
 def _choose(r0: TaskContext, ledger, answer: str) -> Action:
@@ -152,8 +101,8 @@ def make_trajectory(rng: random.Random, k: int, correct: bool | None = True) -> 
     steps = []
     observation = None
     for t in range(len(specs) + 1):
-        messages = _planner_messages(r0, ledger, observation)
-        tools = tool_schemas(r0.tools(), r0)
+        messages = render_planner_messages(r0, ledger, observation, "ledger")
+        tools = tool_schemas(r0)
         action = _choose(r0, ledger, answer)
         before = ledger.to_dict()
         events = []

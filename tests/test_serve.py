@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from collect.actions import Action
+from collect.ledger import TaskContext
+from collect.tools import tool_schemas
 from serve.local import LocalServer, parse_tool_calls
 from serve.vllm import VLLMServeConfig, build_vllm_command
 from sft import synthetic
@@ -17,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
 ACTION = Action("web_search", {"query": "harbour bridge height", "need_index": 1})
 MESSAGES = [{"role": "system", "content": "You are the planner."}, {"role": "user", "content": "Question: height?"}]
-TOOLS = synthetic.tool_schemas(["web_search", "finish"])
+TOOLS = tool_schemas(TaskContext("serve", "height?", allowed_tools=("web_search", "finish")))
 
 
 @pytest.fixture(scope="module")
