@@ -37,6 +37,7 @@ from collect.ledger import (
     reduce,
     render_digest,
 )
+from collect.tools import tool_schemas
 
 SYSTEM = (
     "You are the planner of an evidence-ledger agent. Read the ledger digest and choose exactly one tool call that "
@@ -102,30 +103,6 @@ TASKS = [
 ]
 
 
-def tool_schemas(names: tuple[str, ...]) -> list[dict]:
-    """OpenAI function schemas for the project's tools (architecture.md: optional integer need_index everywhere)."""
-    need = {"type": "integer", "description": "index of the evidence need this call targets"}
-    out = []
-    for name in names:
-        if name == "finish":
-            props, req = {"answer": {"type": "string", "description": "drafted answer"}}, ["answer"]
-        elif name == "web_search":
-            props, req = {"query": {"type": "string"}, "need_index": need}, ["query"]
-        elif name == "code_executor":
-            props, req = {"code": {"type": "string"}, "need_index": need}, ["code"]
-        else:
-            props = {"asset_id": {"type": "string"}, "query": {"type": "string"}, "need_index": need}
-            req = ["asset_id", "query"]
-        params = {"type": "object", "properties": props, "required": req, "additionalProperties": False}
-        out.append(
-            {
-                "type": "function",
-                "function": {"name": name, "description": name.replace("_", " "), "parameters": params},
-            }
-        )
-    return out
-
-
 def _teacher(r0: TaskContext, s: Ledger, gold: str) -> Action:
     """Reference decision: finish when closed; else the contested or first actionable need with a serving tool."""
     if ready(s):
@@ -164,7 +141,7 @@ def _compact_view(s: Ledger) -> str:
 
 
 def _row(r0: TaskContext, s: Ledger, gold: str, step: int, ref: Action, compact: bool = False) -> dict:
-    tools = tool_schemas(r0.tools())
+    tools = tool_schemas(r0)
     user = f"Question: {r0.question}\nAssets: {json.dumps([a.id for a in r0.assets])}\nLedger digest:\n"
     view = _compact_view(s) if compact else render_digest(r0, s)
     return {
