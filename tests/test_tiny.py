@@ -115,13 +115,14 @@ def test_ledger_prompts_are_compact(tok):
 
 def test_decision_budgets_cover_the_teachers_longest_action(tok, monkeypatch):
     """A planner cut off mid-call emits an invalid action: the tiny RL recipe (generation length, also rl.score's
-    default) and the demo eval's planner max_tokens must fit the longest call the teacher makes, a code_executor
-    program (compute helpers + values), which is an order of magnitude longer than any other action."""
+    default), the eval planner max_tokens and serve.local's default must fit the longest call the teacher makes, a
+    code_executor program (compute helpers + values), an order of magnitude longer than any other action."""
     from pathlib import Path
 
     from collect.world.compute import program
     from rl.train import load_config
     from serve.eval import EvalConfig, load_eval_config
+    from serve.local import DEFAULT_MAX_TOKENS
 
     root = Path(__file__).resolve().parents[1]
     code = "# second attempt\n" + program(
@@ -137,6 +138,7 @@ def test_decision_budgets_cover_the_teachers_longest_action(tok, monkeypatch):
             "max_tokens"
         ],
         "eval default planner max_tokens": EvalConfig().planner_endpoint["max_tokens"],
+        "serve.local default max_tokens": DEFAULT_MAX_TOKENS,
     }
     for where, budget in budgets.items():
         assert budget >= n + 16, f"{where} = {budget} < {n} tokens of the longest teacher action"
