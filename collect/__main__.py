@@ -12,12 +12,22 @@ from pathlib import Path
 from collect.run import RunDirError, load_config, run_collection, setup_logging
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n} (omit --limit to run every task)")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m collect", description=__doc__)
     ap.add_argument("--config", default="configs/collect/embedded.yaml")
     ap.add_argument("--out", default="runs/collect", help="output folder (resumable)")
     ap.add_argument("--split", default=None, help="override the config's split (train|dev|test|all)")
-    ap.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
+    ap.add_argument("--limit", type=_positive_int, default=None, help="first N tasks of the split (N >= 1)")
     ap.add_argument("--tasks", default=None, help="a task file in the schema, instead of the configured source")
     ap.add_argument("--no-harvest", action="store_true", help="skip building the SFT / RL datasets")
     ap.add_argument("--overwrite", action="store_true", help="discard an existing OUT instead of resuming")

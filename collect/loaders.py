@@ -2,7 +2,8 @@
 
 Real benchmark tasks carry no gold chain (the need parser must work from the question). Missing optional fields never
 crash a load; media that cannot be found is listed per task in task.meta["missing_media"] and summarised in one
-logged warning.
+logged warning. Every task built here passes the strict schema of collect.tasks: a bad item (e.g. a WorldSense answer
+that is not one of the candidate letters) raises TaskFileError naming the file, the task and the field.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import os
 import re
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from collect.ledger import ALL_TOOLS
-from collect.tasks import AssetSpec, Task, TaskFileError, Tracks
+from collect.tasks import AssetSpec, Task, TaskFileError, Tracks, task_error
 
 log = logging.getLogger(__name__)
 LEVELS = ("Easy", "Medium", "Hard")
@@ -93,8 +96,8 @@ def load_omnigaia(metadata_path: str | Path, media_root: str | Path | None = Non
             meta["time_spans"] = spans
         if skipped:
             meta["skipped_inputs"] = skipped
-        tasks.append(
-            Task(
+        try:
+            task = Task(
                 id=tid,
                 question=question,
                 answer=answer,
@@ -107,7 +110,9 @@ def load_omnigaia(metadata_path: str | Path, media_root: str | Path | None = Non
                 source="omnigaia",
                 meta=meta,
             )
-        )
+        except ValidationError as e:
+            raise task_error(metadata_path, f"item {pos}", raw_id, e) from None
+        tasks.append(task)
     if n_missing_tasks:
         log.warning(
             "OmniGAIA %s: %d of %d tasks have missing media (%d files; media_root=%s)",
@@ -184,8 +189,8 @@ def load_worldsense(
             )
             if missing:
                 n_missing += 1
-            tasks.append(
-                Task(
+            try:
+                task = Task(
                     id=tid,
                     question=str(t["question"]),
                     answer=str(t["answer"]).strip().upper()[:1],
@@ -208,7 +213,9 @@ def load_worldsense(
                         "prompt_suffix": "Respond with only the letter (A, B, C, or D).",
                     },
                 )
-            )
+            except ValidationError as e:
+                raise task_error(qa_json_path, f"video {vid!r}", tid, e) from None
+            tasks.append(task)
     if n_missing:
         log.warning(
             "WorldSense %s: %d of %d tasks have missing media (video_root=%s)",

@@ -122,20 +122,15 @@ def load_task_list(cfg: CollectConfig) -> list:
 
     src = cfg.tasks
     if src.kind == "embedded":
-        world = embedded_world(src.seed)
-        items = world.tasks if cfg.split in (None, "all") else world.split(cfg.split)
+        items, name = embedded_world(src.seed).tasks, f"the embedded world (seed {src.seed})"
     elif src.kind == "file":
-        items = tasks.load_tasks(src.path)
-        if cfg.split not in (None, "all"):
-            items = [t for t in items if t.split == cfg.split] or items
+        items, name = tasks.load_tasks(src.path), str(src.path)
     elif src.kind == "omnigaia":
-        items = loaders.load_omnigaia(src.path, media_root=src.media_root)
+        items, name = loaders.load_omnigaia(src.path, media_root=src.media_root), str(src.path)
     else:
         items = loaders.load_worldsense(src.path, video_root=src.media_root, subtitles_root=src.subtitles_root)
-    items = list(items)
-    if cfg.limit is not None:
-        items = items[: cfg.limit]
-    return items
+        name = str(src.path)
+    return tasks.select_tasks(items, cfg.split, cfg.limit, name)
 
 
 def _task_meta(task) -> dict:

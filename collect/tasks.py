@@ -3,15 +3,23 @@
 A `Task` is everything the runtime needs to run one question (R0 via `to_context`) plus what only audits and the
 offline teacher may read (the gold answer and the gold evidence chain). Tasks are stored as a JSON list or as JSONL;
 `load_tasks` reports a malformed file with the file, the task id and the offending field.
+
+The schema is strict (docs/world.md, "Task files"): unknown keys are errors (a typo is never dropped silently), enums
+are closed, a multiple-choice gold is one of the option letters, `allowed_tools` names known tools, gold-chain
+`depends_on` indices are in range and acyclic, asset ids are unique. `select_tasks` applies a split and a limit and
+refuses a selection that is empty.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import string
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from collect.ledger import ALL_TOOLS, Asset, Budget, TaskContext
 
@@ -22,34 +30,43 @@ ANSWER_FORMATS = {
     "multiple_choice": "one option letter (A, B, C or D)",
     "unanswerable": "short answer, or 'insufficient' when the evidence cannot be found",
 }
+AnswerType = Literal["open", "number", "date", "multiple_choice", "unanswerable"]
+SPLITS = ("train", "dev", "test")
+OPTION_LETTERS = string.ascii_uppercase
 
 
-class SubtitleLine(BaseModel):
+class _Strict(BaseModel):
+    """Unknown keys are errors: a misspelt field (`option` for `options`) must fail, never be dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubtitleLine(_Strict):
     start: float
     end: float
     text: str
 
 
-class AudioSegment(BaseModel):
+class AudioSegment(_Strict):
     start: float
     end: float
     kind: Literal["speech", "event", "music"] = "speech"
     text: str
 
 
-class ClipCaption(BaseModel):
+class ClipCaption(_Strict):
     start: float
     end: float
     caption: str
 
 
-class FrameNote(BaseModel):
+class FrameNote(_Strict):
     t: float
     description: str
     ocr: str = ""
 
 
-class Tracks(BaseModel):
+class Tracks(_Strict):
     """Annotation tracks: the offline stand-in for perceiving the media itself."""
 
     subtitles: list[SubtitleLine] = Field(default_factory=list)
@@ -58,7 +75,7 @@ class Tracks(BaseModel):
     frames: list[FrameNote] = Field(default_factory=list)
 
 
-class AssetSpec(BaseModel):
+class AssetSpec(_Strict):
     id: str
     type: Literal["video", "audio", "image"]
     duration: float | None = None
@@ -66,7 +83,7 @@ class AssetSpec(BaseModel):
     tracks: Tracks = Field(default_factory=Tracks)
 
 
-class GoldNeed(BaseModel):
+class GoldNeed(_Strict):
     """One step of the gold evidence chain, in ledger vocabulary (collect.ledger.NeedSpec + the gold value)."""
 
     need: str
@@ -78,21 +95,69 @@ class GoldNeed(BaseModel):
     gold_value: str | None = None  # None: the chain cannot close here (unanswerable tasks)
 
 
-class Task(BaseModel):
-    id: str
+class Task(_Strict):
+    id: str = Field(min_length=1)
     question: str
     answer: str
-    answer_type: str = "open"
+    answer_type: AnswerType = "open"
     options: list[str] = Field(default_factory=list)
     difficulty: Literal["Easy", "Medium", "Hard"] = "Medium"
     category: str = ""
     family: str = ""
-    split: str = "test"
+    split: Literal["train", "dev", "test"] = "test"
     assets: list[AssetSpec] = Field(default_factory=list)
     allowed_tools: list[str] = Field(default_factory=lambda: list(ALL_TOOLS))
     gold_chain: list[GoldNeed] = Field(default_factory=list)
     source: Literal["embedded", "omnigaia", "worldsense"] = "embedded"
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("allowed_tools")
+    @classmethod
+    def _known_tools(cls, tools: list[str]) -> list[str]:
+        for i, name in enumerate(tools):
+            if name not in ALL_TOOLS:
+                raise ValueError(f"allowed_tools.{i}: unknown tool {name!r}; known tools: {', '.join(ALL_TOOLS)}")
+        return tools
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Task:
+        # Messages start with the field they are about; _describe() turns them into "field <name>: <what>".
+        if self.answer_type == "multiple_choice":
+            if len(self.options) < 2:
+                raise ValueError(f"options: a multiple_choice task needs at least 2 options, got {len(self.options)}")
+            if len(self.options) > len(OPTION_LETTERS):
+                raise ValueError(f"options: at most {len(OPTION_LETTERS)} options, got {len(self.options)}")
+            letters = OPTION_LETTERS[: len(self.options)]
+            if self.answer.strip().upper() not in letters or len(self.answer.strip()) != 1:
+                hint = ""
+                for i, opt in enumerate(self.options):
+                    if self.answer.strip() == opt.strip():
+                        hint = f" ({self.answer!r} is the text of option {letters[i]}; give its letter)"
+                raise ValueError(
+                    f"answer: a multiple_choice gold must be one of the option letters {', '.join(letters)}, "
+                    f"got {self.answer!r}{hint}"
+                )
+        elif self.options:
+            raise ValueError(f"options: only a multiple_choice task has options (answer_type is {self.answer_type!r})")
+        seen: set[str] = set()
+        for i, a in enumerate(self.assets):
+            if a.id in seen:
+                raise ValueError(f"assets.{i}.id: duplicate asset id {a.id!r}")
+            seen.add(a.id)
+        n = len(self.gold_chain)
+        for i, need in enumerate(self.gold_chain):
+            for d in need.depends_on:
+                if not 0 <= d < n:
+                    raise ValueError(
+                        f"gold_chain.{i}.depends_on: index {d} is out of range (the chain has {n} needs: 0..{n - 1})"
+                    )
+                if d == i:
+                    raise ValueError(f"gold_chain.{i}.depends_on: need {i} depends on itself")
+        cycle = _find_cycle([need.depends_on for need in self.gold_chain])
+        if cycle:
+            path = " -> ".join(str(c) for c in cycle)
+            raise ValueError(f"gold_chain.{cycle[0]}.depends_on: dependency cycle {path}")
+        return self
 
     def to_context(self, budget: Budget | None = None) -> TaskContext:
         """R0 for the runtime: what any planner may see (no gold answer, no gold chain)."""
@@ -113,14 +178,80 @@ class Task(BaseModel):
         return None
 
 
+def _find_cycle(deps: list[list[int]]) -> list[int] | None:
+    """A dependency cycle among in-range indices as [a, b, ..., a], or None."""
+    state = [0] * len(deps)  # 0 new, 1 on the stack, 2 done
+    stack: list[int] = []
+
+    def visit(i: int) -> list[int] | None:
+        state[i] = 1
+        stack.append(i)
+        for d in deps[i]:
+            if 0 <= d < len(deps):
+                if state[d] == 1:
+                    return stack[stack.index(d) :] + [d]
+                if state[d] == 0 and (found := visit(d)):
+                    return found
+        stack.pop()
+        state[i] = 2
+        return None
+
+    for i in range(len(deps)):
+        if state[i] == 0 and (found := visit(i)):
+            return found
+    return None
+
+
 class TaskFileError(ValueError):
     """A task file that cannot be read; the message names the file, the task id and the field."""
 
 
-def _field_of(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(root)"
-    return f"{loc}: {first['msg']}"
+class TaskSelectionError(ValueError):
+    """A split or limit that selects no task (or a negative limit): never silently run everything."""
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The schema model that holds the last key of a validation-error location (for 'known keys' hints)."""
+    model: type[BaseModel] | None = Task
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue
+        f = model.model_fields.get(part)
+        model = None
+        todo = [f.annotation] if f is not None else []
+        while todo:
+            ann = todo.pop()
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                model = ann
+                break
+            todo.extend(typing.get_args(ann))
+    return model
+
+
+def _describe(err: ValidationError) -> str:
+    """'<field>: <what is wrong>' for the first error (pydantic's location, our validators' own field names)."""
+    errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")  # a misspelt key explains the rest
+    first = errors[0]
+    loc = tuple(first["loc"])
+    msg = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        model = _model_at(loc)
+        known = sorted(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        msg = "unknown key" + (f" (did you mean {close[0]!r}?)" if close else "")
+        if known:
+            msg += f"; known keys: {', '.join(known)}"
+    elif first["type"] == "value_error" and ":" in msg and (not loc or msg.startswith(str(loc[-1]))):
+        field, _, msg = msg.partition(": ")
+        loc = tuple(field.split("."))
+    where = ".".join(str(p) for p in loc) or "(root)"
+    more = f" (and {len(errors) - 1} more error(s))" if len(errors) > 1 else ""
+    return f"{where}: {msg}{more}"
+
+
+def task_error(path: str | Path, pos: str, task_id: Any, err: ValidationError) -> TaskFileError:
+    """The one message shape for a bad task: '<file>: <position>: task id <id>: field <field>: <what>'."""
+    return TaskFileError(f"{path}: {pos}: task id {task_id!r}: field {_describe(err)}")
 
 
 def load_tasks(path: str | Path) -> list[Task]:
@@ -130,7 +261,7 @@ def load_tasks(path: str | Path) -> list[Task]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise TaskFileError(f"{path}: cannot read task file: {e}") from None
-    stripped = text.lstrip()
+    stripped = text.strip()
     records: list[tuple[str, Any]] = []  # (position, record)
     if stripped.startswith("["):
         try:
@@ -138,6 +269,12 @@ def load_tasks(path: str | Path) -> list[Task]:
         except json.JSONDecodeError as e:
             raise TaskFileError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
         records = [(f"item {i}", r) for i, r in enumerate(data)]
+    elif stripped.startswith("{") and "\n" in stripped and _is_one_json_object(stripped):
+        # a pretty-printed object (e.g. {"tasks": [...]}) would otherwise read as "line 1 is not valid JSON"
+        raise TaskFileError(
+            f"{path}: expected a list of tasks (a JSON list, or JSONL with one task object per line), "
+            "got a single JSON object"
+        )
     else:
         for ln, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -157,12 +294,45 @@ def load_tasks(path: str | Path) -> list[Task]:
         try:
             task = Task.model_validate(rec)
         except ValidationError as e:
-            raise TaskFileError(f"{path}: {pos}: task id {tid!r}: field {_field_of(e)}") from None
+            raise task_error(path, pos, tid, e) from None
         if task.id in seen:
             raise TaskFileError(f"{path}: {pos}: task id {task.id!r}: field id: duplicate task id")
         seen.add(task.id)
         tasks.append(task)
+    if not tasks:
+        raise TaskFileError(f"{path}: contains no tasks")
     return tasks
+
+
+def _is_one_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def select_tasks(tasks: list[Task], split: str | None, limit: int | None, source_name: str) -> list[Task]:
+    """The tasks of one split (None or "all": every task), then the first `limit` of them (None: no limit).
+
+    An unknown split, a negative or zero limit, or a split that selects nothing raises TaskSelectionError naming the
+    source and the splits it does have: a selection is never silently widened to "run everything".
+    """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise TaskSelectionError(f"limit must be a positive integer (or unset for no limit), got {limit!r}")
+    items = list(tasks)
+    if split not in (None, "all"):
+        if split not in SPLITS:
+            raise TaskSelectionError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)} or all")
+        items = [t for t in items if t.split == split]
+    if not items:
+        counts: dict[str, int] = {}
+        for t in tasks:
+            counts[t.split] = counts.get(t.split, 0) + 1
+        have = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "no tasks at all"
+        raise TaskSelectionError(
+            f"split {split!r} selects no tasks from {source_name} (its splits: {have}); choose another split or 'all'"
+        )
+    return items if limit is None else items[:limit]
 
 
 def save_tasks(tasks: list[Task], path: str | Path) -> None:
