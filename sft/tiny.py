@@ -4,7 +4,7 @@ Why: no hub access here, in CI or on lent GPU machines, yet tests and the CPU de
 tool-calling chat template. The tokenizer is trained on the text the planner reads (ledger digests, tool schemas,
 actions) so ~1-3k-char JSON prompts stay short in tokens.
 
-Verified gotchas (see /work/shared/notes/stack.md):
+Verified gotchas:
   * `<tool_call>`/`</tool_call>` are added tokens but NOT special: GRPO decodes with skip_special_tokens=True.
   * The assistant turn, including `<|im_end|>`, sits inside {% generation %} so assistant masks cover the stop token.
   * Tool calls render as the canonical `collect.actions.Action.to_text()` form.

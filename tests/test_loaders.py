@@ -12,11 +12,10 @@ import pytest
 from collect.loaders import load_omnigaia, load_worldsense
 from collect.tasks import Task, TaskFileError, load_tasks, save_tasks
 
-OMNIGAIA = Path("/work/shared/data/omnigaia/test_metadata.json")
+OMNIGAIA = Path(__file__).resolve().parents[1] / "data/omnigaia/test_metadata.json"
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.mark.skipif(not OMNIGAIA.exists(), reason="OmniGAIA metadata not present on this machine")
 def test_all_omnigaia_items_load_with_level_counts_and_typed_assets(caplog):
     with caplog.at_level(logging.WARNING):
         tasks = load_omnigaia(OMNIGAIA)

@@ -220,7 +220,7 @@ def test_unreachable_endpoint_at_start_up_fails_fast_naming_the_url(tmp_path):
 def test_missing_media_is_reported_per_task(tmp_path):
     from collect.loaders import load_omnigaia
 
-    tasks = load_omnigaia(ROOT.parent / "shared/data/omnigaia/test_metadata.json", media_root=tmp_path)
+    tasks = load_omnigaia(ROOT / "data/omnigaia/test_metadata.json", media_root=tmp_path)
     missing = [t for t in tasks if t.meta.get("missing_media")]
     assert len(missing) == len(tasks)  # empty media root: every task names what it lacks
     assert all(isinstance(m, str) for m in missing[0].meta["missing_media"])

@@ -1,0 +1,95 @@
+"""The repository is self-contained: no tracked file names a path outside it.
+
+Code, tests, configs, docs and the Makefile must not point at a sibling checkout (`../shared`), the machine this was
+developed on (`/work/...`, home directories) or absolute data mounts (`/data/...`, `/mnt/...`): everything a run or a
+test reads lives in the repository (the OmniGAIA metadata is vendored under data/omnigaia/) or is passed in by the
+user. Exempt: .gitignore (its leading `/` anchors a pattern at the repository root) and vendored third-party data
+under data/ (upstream annotations, never read as paths).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTSIDE = re.compile(
+    r"\.\./shared"  # a sibling checkout
+    r"|\bshared/(?:data|notes)/"
+    r"|ROOT\.parent\b"  # code that climbs out of the repository
+    r"|/work/"
+    r"|/home/[A-Za-z]|/Users/[A-Za-z]|/root/|(?<![\w$])~/"  # home directories
+    r"|(?<![\w./-])/(?:data|mnt|scratch|srv|opt)/"  # absolute data mounts
+)
+EXEMPT_PREFIXES = ("data/",)
+EXEMPT = {".gitignore", "tests/test_self_contained.py"}
+
+
+def _tracked_text_files() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"not a git checkout: {e}")
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def offenders(root: Path, paths: list[str]) -> list[str]:
+    found = []
+    for rel in paths:
+        if rel in EXEMPT or rel.startswith(EXEMPT_PREFIXES):
+            continue
+        try:
+            text = (root / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # binary, or deleted in the work tree
+        for n, line in enumerate(text.splitlines(), 1):
+            m = OUTSIDE.search(line)
+            if m:
+                found.append(f"{rel}:{n}: {m.group(0)!r} in {line.strip()[:120]!r}")
+    return found
+
+
+def test_no_tracked_file_names_a_path_outside_the_repository():
+    paths = _tracked_text_files()
+    assert "Makefile" in paths and "configs/collect/omnigaia_api.yaml" in paths
+    assert offenders(ROOT, paths) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'OMNIGAIA = Path("/work/shared/data/omnigaia/test_metadata.json")',
+        'load_omnigaia(ROOT.parent / "shared/data/omnigaia/test_metadata.json")',
+        "tasks: {kind: omnigaia, path: ../shared/data/omnigaia/test_metadata.json}",
+        "Verified gotchas (see /work/shared/notes/stack.md):",
+        "tasks: {kind: worldsense, path: /data/worldsense/worldsense_qa.json}",
+        "cache_dir: /home/alice/.cache/od",
+        "see ~/notes.md",
+    ],
+)
+def test_the_scan_catches_each_kind_of_outside_path(tmp_path, line):
+    (tmp_path / "f.txt").write_text(f"ok line\n{line}\n")
+    assert len(offenders(tmp_path, ["f.txt"])) == 1
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "tasks: {kind: omnigaia, path: data/omnigaia/test_metadata.json, media_root: data/omnigaia/media}",
+        "dataset_dir: runs/data/sft",
+        'PROMPT_PATH = Path(__file__).parent / "prompts" / "judge.md"',
+        "os.mkdir('/tmp/omni-sbx-evil-dir')",
+    ],
+)
+def test_in_repository_paths_pass(tmp_path, line):
+    (tmp_path / "f.txt").write_text(line + "\n")
+    assert offenders(tmp_path, ["f.txt"]) == []
+
+
+def test_the_vendored_omnigaia_file_is_tracked_with_its_license():
+    paths = _tracked_text_files()
+    assert {"data/omnigaia/test_metadata.json", "data/omnigaia/LICENSE"} <= set(paths)
+    assert "MIT License" in (ROOT / "data/omnigaia/LICENSE").read_text(encoding="utf-8")
