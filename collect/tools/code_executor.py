@@ -3,30 +3,41 @@
 Model-written code is never exec'd in the runtime's process. `run_code` starts a separate interpreter with layered
 protections (see docs/sandbox.md for the threat model and what each layer does and does not stop):
 
-1. Unprivileged user: when the runtime runs as root, the child drops to `nobody` (setgroups/setgid/setuid in
-   preexec_fn). Linux does not enforce RLIMIT_NPROC for root, so this is what makes the fork limit real; it also
-   makes filesystem permissions refuse writes outside the scratch dir and hides root-owned /proc/<pid>/environ.
-2. Namespaces via util-linux `unshare`: a new user + network namespace (no interface but a down loopback, so no
-   connection can reach anything, not even 127.0.0.1 on the host), a new PID namespace with a private /proc (the
-   parent's processes are invisible and every process in it is killed when its init exits) and a mount namespace.
-3. rlimits set in preexec_fn: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE.
-4. A new session / process group that is SIGKILLed as a whole on wall-clock timeout and after every run.
-5. A scrubbed environment (PATH, LANG, HOME=scratch only) and `python -I` (isolated mode).
-6. An audit hook (sys.addaudithook, installed by the bootstrap before user code) that refuses writes/removals/renames
-   outside the scratch dir, reading /proc/*/environ of other processes, and socket connect/bind/send. This is
-   defence in depth only: audit hooks can be bypassed (e.g. with ctypes), so layers 1-2 are the real boundary.
+1. Private filesystem view (root + namespaces): the sandbox's PID 1 (collect/tools/sandbox_bootstrap.py) builds a
+   minimal root of read-only bind mounts (/usr, /etc, the interpreter's prefix), a tiny /dev and the sandbox's own
+   /proc, plus ONE size-capped tmpfs behind /tmp, /dev/shm and the scratch dir, and pivot_roots into it. The project
+   repository, the run's OUT dir, host sockets (/tmp, /run, ...) and other sandboxes' scratch do not exist in it.
+2. Own identity per run: the user code runs as a uid of its own (UID_BASE + slot, a slot held by flock for the run),
+   never shared by two live sandboxes; without the fs view the preexec drops to that uid instead.
+3. Namespaces via util-linux `unshare`: network (only a down loopback), PID (private /proc; when the sandbox's PID 1
+   exits the kernel kills every process in it) and mount; plus a user namespace when the runtime is not root.
+4. Supervision: PR_SET_PDEATHSIG(SIGKILL) on the child (preexec) and `unshare --kill-child`, plus a lifeline pipe
+   whose EOF makes PID 1 exit, so a SIGKILLed runtime takes its sandboxes down within milliseconds; a wall-clock
+   backstop in PID 1; the scratch tmpfs dies with the mount namespace. Stale host scratch dirs (no fs view) of dead
+   runtimes are removed at the next start.
+5. rlimits set in preexec_fn: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE.
+6. A new session / process group that is SIGKILLed as a whole on wall-clock timeout and after every run.
+7. A scrubbed environment (PATH, LANG, HOME=scratch only) and `python -I` (isolated mode).
+8. An audit hook (defence in depth only: ctypes or a child interpreter bypass it).
 
-Layers 1 and 2 are probed once per process and silently degrade when unavailable (not root / no interpreter readable
-by nobody / user namespaces disabled); `sandbox_capabilities()` reports which layers are active.
+Every mechanism is probed once per process; `sandbox_capabilities()` reports which are active, and the first probe
+logs one line listing the available and missing ones (a warning when any is missing). A run never silently gets less
+than the probe promised: a failing fs-view setup raises instead of running unprotected.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import fcntl
 import functools
+import logging
 import math
 import os
+import platform
 import pwd
+import random
+import re
 import resource
 import selectors
 import shutil
@@ -35,88 +46,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-__all__ = ["ExecResult", "SandboxPolicy", "run_code", "sandbox_capabilities"]
+__all__ = ["ExecResult", "SandboxPolicy", "SandboxSetupError", "run_code", "sandbox_capabilities"]
+
+log = logging.getLogger(__name__)
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 MEMORY_EXIT_CODE = 86  # the bootstrap exits with this when user code raised MemoryError (RLIMIT_AS hit)
+SETUP_ERROR_EXIT = 87  # the bootstrap could not build the private filesystem view
 FSIZE_LIMIT_BYTES = 64 * 1024 * 1024
 NOFILE_LIMIT = 256
+DEFAULT_DISK_MB = 64  # total of /tmp + /dev/shm + scratch inside one sandbox (tmpfs size=)
+DISK_INODES = 4096
+UID_BASE = 1_600_000_000  # per-run uids: UID_BASE + slot (far above any allocated or subuid range)
+UID_SLOTS = 1024
+SCRATCH_PREFIX = "omni-sbx-"
 _READ_CHUNK = 65536
+_BOOTSTRAP = (Path(__file__).with_name("sandbox_bootstrap.py")).read_text(encoding="utf-8")
+_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+_DEV_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+_PR_SET_PDEATHSIG = 1
 
-# Runs as the child's main program (`python -I -u -B -c BOOTSTRAP scratch_dir code_file status_fd`). It installs the
-# audit hook, then forks: the grandchild runs the user code; this process (PID 1 of the sandbox PID namespace when
-# namespaces are on) waits for it and writes its true exit status to status_fd, because `unshare --fork` does not
-# propagate a child's death-by-signal reliably. Its exit kills everything left in the namespace.
-BOOTSTRAP = r"""
-import os, sys
-_scratch = os.path.realpath(sys.argv[1])
-_code_file = sys.argv[2]
-_status_fd = int(sys.argv[3])
-_own_proc = ("/proc/self/", "/proc/thread-self/")
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PATH_EVENTS = {"os.remove": (0,), "os.rename": (0, 1), "os.mkdir": (0,), "os.rmdir": (0,), "os.symlink": (1,),
-                "os.link": (1,), "os.chmod": (0,), "os.chown": (0,), "os.truncate": (0,), "os.utime": (0,),
-                "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.move": (1,), "os.mkfifo": (0,),
-                "os.mknod": (0,)}
-_NET_EVENTS = {"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"}
 
-def _inside(path):
-    real = os.path.realpath(os.fsdecode(path))
-    return real == _scratch or real.startswith(_scratch + os.sep)
-
-def _hook(event, args):
-    if event == "open":
-        path, mode, flags = args
-        if not isinstance(path, (str, bytes)):
-            return
-        writing = bool((flags or 0) & _WRITE_FLAGS) or any(c in (mode or "") for c in "wax+")
-        if writing and not _inside(path):
-            raise PermissionError(f"sandbox: writing outside the scratch dir is refused: {os.fsdecode(path)!r}")
-        name = os.fsdecode(path)
-        if name.startswith("/proc/") and name.endswith("/environ") and not name.startswith(_own_proc):
-            if name != f"/proc/{os.getpid()}/environ":
-                raise PermissionError(f"sandbox: reading another process's environment is refused: {name!r}")
-    elif event in _PATH_EVENTS:
-        for i in _PATH_EVENTS[event]:
-            if i < len(args) and isinstance(args[i], (str, bytes)) and not _inside(args[i]):
-                raise PermissionError(f"sandbox: {event} outside the scratch dir is refused: {os.fsdecode(args[i])!r}")
-    elif event in _NET_EVENTS:
-        raise PermissionError(f"sandbox: network access is refused ({event})")
-
-if os.environ.get("OMNI_SANDBOX_AUDIT", "1") == "1":
-    sys.addaudithook(_hook)
-os.environ.pop("OMNI_SANDBOX_AUDIT", None)
-
-_pid = os.fork()
-if _pid == 0:
-    os.close(_status_fd)
-    sys.argv = [_code_file]
-    with open(_code_file, encoding="utf-8") as f:
-        _src = f.read()
-    _g = {"__name__": "__main__", "__file__": _code_file, "__builtins__": __builtins__}
-    _rc = 0
-    try:
-        exec(compile(_src, _code_file, "exec"), _g)
-    except SystemExit as e:
-        _rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, int) and e.code is not None:
-            print(e.code, file=sys.stderr)
-    except BaseException as e:  # report like python would, minus this bootstrap's frame
-        import traceback
-        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-        _rc = 86 if isinstance(e, MemoryError) else 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:
-        pass
-    os._exit(_rc)
-_, _st = os.waitpid(_pid, 0)
-_msg = f"signal {os.WTERMSIG(_st)}" if os.WIFSIGNALED(_st) else f"exit {os.WEXITSTATUS(_st)}"
-os.write(_status_fd, _msg.encode())
-os._exit(0)
-"""
+class SandboxSetupError(RuntimeError):
+    """The sandbox could not be set up as the start-up probe promised (the code was not run)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,11 +106,17 @@ class ExecResult:
 class SandboxPolicy:
     """Which protection layers a run uses. All on by default; tests switch single layers off to prove each one."""
 
-    drop_privileges: bool = dataclasses.field(default=True, metadata={"help": "run as nobody when we are root"})
-    namespaces: bool = dataclasses.field(default=True, metadata={"help": "user+net+pid+mount namespaces (unshare)"})
+    drop_privileges: bool = dataclasses.field(default=True, metadata={"help": "run as a per-run uid when root"})
+    namespaces: bool = dataclasses.field(default=True, metadata={"help": "net+pid+mount namespaces (unshare)"})
+    fs_view: bool = dataclasses.field(
+        default=True, metadata={"help": "private root (pivot_root) + one size-capped tmpfs; needs root + namespaces"}
+    )
     audit_hook: bool = dataclasses.field(default=True, metadata={"help": "in-child audit hook (defence in depth)"})
     rlimits: bool = dataclasses.field(default=True, metadata={"help": "RLIMIT_AS/CPU/NPROC/FSIZE/NOFILE"})
     scrub_env: bool = dataclasses.field(default=True, metadata={"help": "pass only PATH, LANG, HOME to the child"})
+
+
+# ---- identity -------------------------------------------------------------------------------------------------------
 
 
 def _uid_proc_count(uid: int) -> int:
@@ -184,7 +144,7 @@ def _drop_to(uid: int, gid: int) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _nobody() -> tuple[int, int] | None:
-    """(uid, gid) to drop to, or None when not root or no `nobody` user exists."""
+    """(uid, gid) used to probe what an unprivileged uid can run, or None when not root or no `nobody` user exists."""
     if os.geteuid() != 0:
         return None
     try:
@@ -192,6 +152,69 @@ def _nobody() -> tuple[int, int] | None:
     except KeyError:
         return None
     return pw.pw_uid, pw.pw_gid
+
+
+@functools.lru_cache(maxsize=1)
+def _lock_dir() -> str | None:
+    """A root-only directory holding one flock file per uid slot (None: per-run uids unavailable)."""
+    if os.geteuid() != 0:
+        return None
+    for d in ("/run/omni-sandbox", os.path.join(tempfile.gettempdir(), "omni-sandbox-locks")):
+        try:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+            st = os.lstat(d)
+        except OSError:
+            continue
+        if st.st_uid == 0 and os.path.isdir(d) and not os.path.islink(d) and not st.st_mode & 0o022:
+            return d
+    return None
+
+
+def _acquire_uid() -> tuple[int, int]:
+    """Claim a uid no live sandbox (of any runtime on this host) uses: (uid, lock fd held for the whole run).
+
+    The flock is released by the kernel when the holder dies, and a slot whose uid still owns processes (a sandbox of
+    a killed runtime that has not finished dying) is skipped.
+    """
+    d = _lock_dir()
+    if d is None:
+        raise SandboxSetupError("per-run uids need root and a lock dir")
+    start = random.randrange(UID_SLOTS)
+    for i in range(UID_SLOTS):
+        slot = (start + i) % UID_SLOTS
+        fd = os.open(f"{d}/slot-{slot}", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        uid = UID_BASE + slot
+        # "free" = the last holder saw its sandbox's PID namespace gone; anything else (a killed holder, a timeout,
+        # no PID namespace) costs one scan of /proc for leftover processes of that uid.
+        if _is_account(uid) or (os.pread(fd, 8, 0) != b"free" and _uid_proc_count(uid) > 0):
+            os.close(fd)
+            continue
+        os.pwrite(fd, b"busy", 0)
+        return uid, fd
+    raise SandboxSetupError(f"all {UID_SLOTS} sandbox uid slots are busy")
+
+
+def _release_uid(fd: int, clean: bool) -> None:
+    if clean:
+        os.pwrite(fd, b"free", 0)
+    os.close(fd)  # drops the flock
+
+
+@functools.lru_cache(maxsize=UID_SLOTS)
+def _is_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True  # a real account: never borrow it
+
+
+# ---- probes ---------------------------------------------------------------------------------------------------------
 
 
 def _probe(cmd: list[str], ids: tuple[int, int] | None) -> bool:
@@ -212,7 +235,7 @@ def _probe(cmd: list[str], ids: tuple[int, int] | None) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _interpreter_for_nobody() -> str | None:
-    """An interpreter that `nobody` can execute and import the stdlib with (the venv's may live under /root)."""
+    """An interpreter an unprivileged uid can execute and import the stdlib with (the venv's may live under /root)."""
     ids = _nobody()
     if ids is None:
         return None
@@ -223,11 +246,14 @@ def _interpreter_for_nobody() -> str | None:
     return None
 
 
-def _unshare_prefix(uid: int) -> list[str]:
+def _user_ns_prefix(uid: int) -> list[str]:
     return [
         "unshare", "--user", f"--map-user={uid}", f"--map-group={uid}", "--net", "--pid", "--fork",
         "--mount-proc", "--kill-child", "--",
     ]  # fmt: skip
+
+
+_ROOT_NS_PREFIX = ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--kill-child", "--"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -236,29 +262,143 @@ def _namespaces_work(exe: str, drop: bool) -> bool:
     if shutil.which("unshare", path=SAFE_PATH) is None:
         return False
     ids = _nobody() if drop else None
+    if ids is None and os.geteuid() == 0:
+        return _probe(_ROOT_NS_PREFIX + [exe, "-I", "-c", "print('ok')"], None)
     uid = ids[0] if ids else os.getuid()
-    return _probe(_unshare_prefix(uid) + [exe, "-I", "-c", "print('ok')"], ids)
+    return _probe(_user_ns_prefix(uid) + [exe, "-I", "-c", "print('ok')"], ids)
+
+
+@functools.lru_cache(maxsize=1)
+def _prctl():
+    """libc's prctl through ctypes, or None (no PR_SET_PDEATHSIG then)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.lru_cache(maxsize=4)
+def _fs_layout(exe: str) -> dict | None:
+    """What the private root binds read-only: /usr, /etc, non-symlink /bin,/lib*,/sbin and the interpreter's prefix."""
+    nr = _PIVOT_ROOT_NR.get(platform.machine())
+    if nr is None:
+        return None
+    ro, links = ["/usr", "/etc"], []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            links.append((name, os.readlink(path)))
+        elif os.path.isdir(path):
+            ro.append(path)
+    try:
+        out = subprocess.run(
+            [exe, "-I", "-c", "import sys; print(sys.base_prefix); print(sys.prefix)"],
+            capture_output=True, text=True, timeout=20, env={"PATH": SAFE_PATH}, cwd="/",
+        ).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for path in [*out, os.path.dirname(os.path.realpath(exe)), os.path.dirname(os.path.abspath(exe))]:
+        path = os.path.realpath(path)
+        if os.path.isdir(path) and not any(path == r or path.startswith(r.rstrip("/") + "/") for r in ro):
+            ro.append(path)
+    dev = [d for d in _DEV_NODES if os.path.exists(d)]
+    return {"ro": ro, "links": links, "dev": dev, "pivot_root_nr": nr}
+
+
+# ---- capabilities ---------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _caps() -> dict[str, bool | str | None]:
+    root = os.geteuid() == 0
+    exe = _interpreter_for_nobody()
+    drop = exe is not None
+    exe = exe or sys.executable
+    ns = _namespaces_work(exe, drop)
+    per_run_uid = drop and _lock_dir() is not None
+    caps: dict[str, bool | str | None] = {
+        "running_as_root": root,
+        "drop_to_nobody": drop,  # kept for callers: "runs as an unprivileged uid" (a per-run one when available)
+        "per_run_uid": per_run_uid,
+        "interpreter": exe,
+        "namespaces": ns,
+        "root_namespaces": root and _namespaces_work(exe, False),
+        "pdeathsig": _prctl() is not None,
+        "lifeline": True,
+        "fs_view": False,
+    }
+    if caps["root_namespaces"] and per_run_uid and _fs_layout(exe) is not None:
+        caps["fs_view"] = _fs_view_works(exe)
+    caps["scratch_quota"] = caps["fs_view"]
+    _sweep_stale_scratch()
+    mechs = [k for k in caps if k not in ("running_as_root", "interpreter", "root_namespaces", "drop_to_nobody")]
+    have = [k for k in mechs if caps[k]]
+    missing = [k for k in mechs if not caps[k]]
+    line = f"code_executor sandbox mechanisms: available={have} missing={missing} (interpreter {exe}, root={root})"
+    (log.warning if missing else log.info)(line + (" -- see docs/sandbox.md for what is then not guaranteed"
+                                                   if missing else ""))  # fmt: skip
+    return caps
+
+
+def _fs_view_works(exe: str) -> bool:
+    try:
+        res = _launch("print('ok')", _Plan(exe=exe, mode="fs"), timeout_s=20, memory_mb=512, max_output_chars=100)
+    except (OSError, SandboxSetupError) as e:
+        log.warning("code_executor: private filesystem view unavailable: %s", e)
+        return False
+    if not (res.ok and res.stdout == "ok\n"):
+        log.warning("code_executor: private filesystem view probe failed: %s", res)
+        return False
+    return True
 
 
 def sandbox_capabilities() -> dict[str, bool | str | None]:
     """Which protection layers a default run gets on this machine (for logs, docs and test skips)."""
-    exe = _interpreter_for_nobody()
-    drop = exe is not None
-    exe = exe or sys.executable
-    return {
-        "running_as_root": os.geteuid() == 0,
-        "drop_to_nobody": drop,
-        "interpreter": exe,
-        "namespaces": _namespaces_work(exe, drop),
-    }
+    return dict(_caps())
 
 
-def _preexec(limits: dict[int, tuple[int, int]], ids: tuple[int, int] | None) -> None:
+def _sweep_stale_scratch() -> None:
+    """Remove host scratch dirs (`omni-sbx-<pid>-*`, used without the fs view) whose runtime process is gone."""
+    tmp = tempfile.gettempdir()
+    try:
+        entries = os.listdir(tmp)
+    except OSError:
+        return
+    for name in entries:
+        m = re.fullmatch(SCRATCH_PREFIX + r"(\d+)-\w+", name)
+        if not m or int(m.group(1)) == os.getpid() or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        path = os.path.join(tmp, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("code_executor: removed stale scratch %s (runtime pid %s is gone)", path, m.group(1))
+
+
+# ---- running --------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How one run is launched. mode: "fs" (root: private root + per-run uid in PID 1's child), "userns" (preexec
+    drop, then unshare --user), "rootns" (namespaces without a fs view and without a drop), "plain" (no namespaces)."""
+
+    exe: str
+    mode: str
+    drop: bool = True
+
+
+def _preexec(limits: dict[int, tuple[int, int]], ids: tuple[int, int] | None, prctl, parent: int) -> None:
     # Runs in the forked child before exec: only async-signal-tolerant work, no imports.
     for res, lim in limits.items():
         resource.setrlimit(res, lim)
     if ids is not None:
         _drop_to(*ids)
+    if prctl is not None:  # after the uid change, which would clear it
+        prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
+        if os.getppid() != parent:  # the runtime died before the prctl
+            os._exit(1)
 
 
 def _decode_capped(buf: bytearray, cap: int, dropped: bool) -> tuple[str, bool]:
@@ -277,15 +417,17 @@ def run_code(
     scratch_dir: str | None = None,
     cpu_s: float | None = None,
     max_procs: int = 16,
+    disk_mb: int = DEFAULT_DISK_MB,
 ) -> ExecResult:
     """Run `code` in a sandboxed `python -I` child and return its capped output and how it ended.
 
-    `scratch_dir` (created and removed per run when None; a caller-given one is kept, and chowned to nobody when the
-    sandbox drops privileges) is the child's cwd and HOME and the only place it may write. `cpu_s` defaults to the
-    wall limit + 1 s (a backstop; the wall clock normally fires first). `max_procs` caps the processes the sandbox
-    may own at once, its own interpreters included.
+    `scratch_dir` is the child's cwd and HOME and the only place it may write. When None it is private to the run: a
+    tmpfs inside the sandbox's own mount namespace (with the fs view; nothing of it ever reaches the host's disk) or a
+    host `mkdtemp` removed afterwards. A caller-given one is bound into the sandbox (chowned to the run's uid), kept.
+    `disk_mb` caps /tmp + /dev/shm + an own scratch together (fs view only). `cpu_s` defaults to the wall limit + 1 s
+    (a backstop; the wall clock normally fires first). `max_procs` caps the processes the sandbox may own at once.
     """
-    return _run(code, SandboxPolicy(), timeout_s, memory_mb, max_output_chars, scratch_dir, cpu_s, max_procs)
+    return _run(code, SandboxPolicy(), timeout_s, memory_mb, max_output_chars, scratch_dir, cpu_s, max_procs, disk_mb)
 
 
 def _run(
@@ -297,30 +439,81 @@ def _run(
     scratch_dir: str | None = None,
     cpu_s: float | None = None,
     max_procs: int = 16,
+    disk_mb: int = DEFAULT_DISK_MB,
 ) -> ExecResult:
     """run_code with an explicit SandboxPolicy (tests use it to check each layer on its own)."""
-    if timeout_s <= 0 or memory_mb <= 0 or max_output_chars < 0 or max_procs < 3:
+    if timeout_s <= 0 or memory_mb <= 0 or max_output_chars < 0 or max_procs < 3 or disk_mb <= 0:
         raise ValueError(
             f"run_code: bad limits timeout_s={timeout_s!r} memory_mb={memory_mb!r} "
-            f"max_output_chars={max_output_chars!r} max_procs={max_procs!r} (max_procs must be >= 3)"
+            f"max_output_chars={max_output_chars!r} max_procs={max_procs!r} disk_mb={disk_mb!r} "
+            "(max_procs must be >= 3)"
         )
-    exe = _interpreter_for_nobody() if policy.drop_privileges else None
-    ids = _nobody() if exe else None
-    exe = exe or sys.executable
-    use_ns = policy.namespaces and _namespaces_work(exe, ids is not None)
+    caps = _caps()
+    drop = policy.drop_privileges and bool(caps["drop_to_nobody"])
+    exe = str(caps["interpreter"]) if drop else sys.executable
+    if policy.namespaces and policy.fs_view and caps["fs_view"]:
+        mode = "fs"
+        exe = str(caps["interpreter"])
+    elif policy.namespaces and drop and caps["namespaces"]:
+        mode = "userns"
+    elif policy.namespaces and not drop and _namespaces_work(exe, False):
+        mode = "rootns" if os.geteuid() == 0 else "userns"
+    else:
+        mode = "plain"
+    plan = _Plan(exe=exe, mode=mode, drop=drop)
+    return _launch(code, plan, timeout_s, memory_mb, max_output_chars, scratch_dir, cpu_s, max_procs, disk_mb, policy)
 
+
+def _launch(
+    code: str,
+    plan: _Plan,
+    timeout_s: float,
+    memory_mb: int,
+    max_output_chars: int,
+    scratch_dir: str | None = None,
+    cpu_s: float | None = None,
+    max_procs: int = 16,
+    disk_mb: int = DEFAULT_DISK_MB,
+    policy: SandboxPolicy = SandboxPolicy(),  # noqa: B008 - frozen dataclass
+) -> ExecResult:
+    fs_mode = plan.mode == "fs"
     owns_scratch = scratch_dir is None
-    scratch = tempfile.mkdtemp(prefix="omni-sbx-") if owns_scratch else os.path.abspath(scratch_dir)
-    os.makedirs(scratch, exist_ok=True)
-    status_r, status_w = os.pipe()
+    uid_fd = -1
+    host_scratch: str | None = None
+    fds: list[int] = []
     proc: subprocess.Popen[bytes] | None = None
+    clean = False
     try:
-        code_file = os.path.join(scratch, "main.py")
-        with open(code_file, "w", encoding="utf-8") as f:
-            f.write(code)
-        if ids is not None:
-            for path in (scratch, code_file):
-                os.chown(path, *ids)
+        ids: tuple[int, int] | None = None
+        if plan.drop or fs_mode:
+            if _lock_dir() is not None:
+                uid, uid_fd = _acquire_uid()
+                ids = (uid, uid)
+            else:
+                ids = _nobody()
+        if fs_mode:
+            scratch = f"/tmp/{SCRATCH_PREFIX}{os.urandom(6).hex()}" if owns_scratch else os.path.abspath(scratch_dir)
+            if not owns_scratch:
+                os.makedirs(scratch, exist_ok=True)
+                if ids is not None:
+                    os.chown(scratch, *ids)
+        else:
+            if owns_scratch:
+                host_scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
+                scratch = host_scratch
+            else:
+                scratch = os.path.abspath(scratch_dir)
+                os.makedirs(scratch, exist_ok=True)
+            if ids is not None:
+                os.chown(scratch, *ids)
+
+        code_fd = os.memfd_create("omni-sbx-code", os.MFD_CLOEXEC)
+        fds.append(code_fd)
+        os.write(code_fd, code.encode("utf-8"))
+        os.lseek(code_fd, 0, os.SEEK_SET)
+        status_r, status_w = os.pipe()
+        life_r, life_w = os.pipe()  # the runtime holds the only write end: EOF in the sandbox = runtime gone
+        fds += [status_r, status_w, life_r, life_w]
 
         env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "HOME": scratch}
         if not policy.scrub_env:
@@ -331,7 +524,7 @@ def _run(
         if policy.rlimits:
             cpu = math.ceil(cpu_s if cpu_s is not None else timeout_s + 1)
             child_uid = ids[0] if ids else os.getuid()
-            nproc = max_procs + _uid_proc_count(child_uid)
+            nproc = max_procs + (0 if uid_fd >= 0 else _uid_proc_count(child_uid))
             mem = memory_mb * 1024 * 1024
             limits |= {
                 resource.RLIMIT_AS: (mem, mem),
@@ -340,24 +533,50 @@ def _run(
                 resource.RLIMIT_FSIZE: (FSIZE_LIMIT_BYTES, FSIZE_LIMIT_BYTES),
                 resource.RLIMIT_NOFILE: (NOFILE_LIMIT, NOFILE_LIMIT),
             }
-        cmd = [exe, "-I", "-u", "-B", "-c", BOOTSTRAP, scratch, code_file, str(status_w)]
-        if use_ns:
-            cmd = _unshare_prefix(ids[0] if ids else os.getuid()) + cmd
+        fs_cfg = None
+        if fs_mode:
+            layout = _fs_layout(plan.exe)
+            assert layout is not None
+            fs_cfg = {
+                **layout,
+                "mountpoint": "/tmp",  # inside the private mount namespace only
+                "scratch": scratch,
+                "rw": None if owns_scratch else scratch,
+                "uid": ids[0] if ids else None,
+                "quota_bytes": disk_mb * 1024 * 1024,
+                "inodes": DISK_INODES,
+            }
+        cfg = {
+            "status_fd": status_w,
+            "life_fd": life_r,
+            "code_fd": code_fd,
+            "scratch": scratch,
+            "uid": ids[0] if fs_mode and ids else None,
+            "fs": fs_cfg,
+            "backstop_s": timeout_s + 5,
+        }
+        cmd = [plan.exe, "-I", "-u", "-B", "-c", _BOOTSTRAP, repr(cfg)]
+        if plan.mode == "fs" or plan.mode == "rootns":
+            cmd = _ROOT_NS_PREFIX + cmd
+        elif plan.mode == "userns":
+            cmd = _user_ns_prefix(ids[0] if ids and plan.drop else os.getuid()) + cmd
+        preexec_ids = ids if plan.drop and not fs_mode else None
 
         start = time.monotonic()
         proc = subprocess.Popen(
             cmd,
-            cwd=scratch,
+            cwd="/" if fs_mode else scratch,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(status_w,),
+            pass_fds=(status_w, life_r, code_fd),
             start_new_session=True,
-            preexec_fn=functools.partial(_preexec, limits, ids),
+            preexec_fn=functools.partial(_preexec, limits, preexec_ids, _prctl(), os.getpid()),
         )
-        os.close(status_w)
-        status_w = -1
+        for fd in (status_w, life_r, code_fd):
+            os.close(fd)
+            fds.remove(fd)
         out, err, truncated, timed_out = _pump(proc, start + timeout_s, max_output_chars)
         if timed_out:
             _kill_group(proc)
@@ -372,9 +591,12 @@ def _run(
 
         os.set_blocking(status_r, False)
         try:
-            status = os.read(status_r, 64).decode()
+            status = os.read(status_r, 4096).decode(errors="replace")
         except BlockingIOError:
             status = ""
+        clean = bool(status) and not timed_out and plan.mode != "plain"  # PID 1 ended normally: nothing of U left
+        if status.startswith("setup "):
+            raise SandboxSetupError(f"code_executor: private filesystem view failed: {status[6:]}")
         returncode, killed = _classify(proc.returncode, status, timed_out, truncated)
         stdout, t1 = _decode_capped(out[0], max_output_chars, out[1])
         stderr, t2 = _decode_capped(err[0], max_output_chars, err[1])
@@ -383,11 +605,12 @@ def _run(
         if proc is not None and proc.poll() is None:
             _kill_group(proc)
             proc.wait()
-        for fd in (status_r, status_w):
-            if fd >= 0:
-                os.close(fd)
-        if owns_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
+        for fd in fds:
+            os.close(fd)
+        if host_scratch is not None:
+            shutil.rmtree(host_scratch, ignore_errors=True)
+        if uid_fd >= 0:
+            _release_uid(uid_fd, clean)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
