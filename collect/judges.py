@@ -25,9 +25,10 @@ Every scorer has two modes (`MODES`):
       asked only when EM fails; its reply after the last ``</think>`` is a pass unless it contains ``Incorrect``
       (case-sensitive: ``"incorrect"`` passes, ``"Correct, not Incorrect"`` fails).
     Deliberate exception, in both modes: an empty reply, a truncated one (``finish_reason == "length"``), an unclosed
-    ``<think>``, or one with no ``correct``/``incorrect`` word is a judge failure, retried ``JUDGE_ATTEMPTS`` times in
-    all, then *unjudged* (``correct=None``, counted and reported by the summary); the reference code scores such a
-    reply correct (and a request that fails three times incorrect). We also send ``temperature=0``.
+    ``<think>``, or one with no ``correct``/``incorrect`` word (official: and no ``Incorrect``, which still fails)
+    is a judge failure, retried ``JUDGE_ATTEMPTS`` times in all, then *unjudged* (``correct=None``, counted and
+    reported by the summary, left out of the accuracy); the reference code scores such a reply correct (and a request
+    that fails three times incorrect). We also send ``temperature=0``.
   * WorldSense = VLMEvalKit ``extract_characters_regex`` then ``score = (extracted == answer)``:
     - the prefixes are deleted everywhere in the reply, case-sensitive, in the reference's order; two of its entries
       lack a comma in the source, so ``"The best option is"``, ``"The correct option is"``, ``"Best answer:"`` and
@@ -48,7 +49,9 @@ Every scorer has two modes (`MODES`):
     word ``correct``/``incorrect`` in any case (``"not correct"`` and ``"incorrect"`` fail).
   * WorldSense: markdown (``* _ `` ` ``) is dropped; prefixes (``answer:``, ``the answer is``, ``option`` ...) are
     stripped only at the start, case-insensitively; the choice is a letter that stands alone (``"Definitely C"`` ->
-    ``C``); with options given, a reply that names exactly one option's text picks it.
+    ``C``); with options given, a reply equal to one option's text, or containing exactly one option's text, picks
+    it before any letter search (``"A man holds a red thermos"`` -> the thermos option); otherwise a capital ``A``
+    used as an article still counts as option A.
   * Embedded multiple choice: like WorldSense robust, for the letters of the task's options, plus a full-match of an
     option's text; so ``"The answer is C"``, ``"Answer: C"``, ``"**C**"``, ``"b)"`` and ``"a red thermos"`` all count.
 """
@@ -232,10 +235,13 @@ def parse_judge_reply(content: str | None, finish_reason: str | None, mode: str 
     elif re.search(r"<think>", content, re.IGNORECASE):
         return None
     content = content.strip()
+    official = resolve_mode(mode) == "official"
+    if official and "Incorrect" in content:  # the reference's only failing rule (never a pass, so kept as is)
+        return False
     if not content or not re.search(r"\b(in)?correct\b", content, re.IGNORECASE):
         return None
-    if resolve_mode(mode) == "official":
-        return "Incorrect" not in content
+    if official:
+        return True
     return not re.search(r"\bincorrect\b|\bnot\s+correct\b", content, re.IGNORECASE)
 
 
