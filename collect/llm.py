@@ -110,8 +110,10 @@ class ChatClient:
         tools: list[dict] | None = None,
         temperature: float | None = None,
         max_tokens: int | None = None,
+        extra_body: dict | None = None,
     ) -> ChatResponse:
-        """One completion, retried on transient faults. Raises ChatError when it cannot get one."""
+        """One completion, retried on transient faults. Raises ChatError when it cannot get one. `extra_body` fields
+        are merged into the request body (e.g. {"chat_template_kwargs": {"enable_thinking": False}})."""
         usage = Usage(model=self.cfg.model)
         kwargs = {
             "model": self.cfg.model,
@@ -121,6 +123,8 @@ class ChatClient:
         }
         if tools:
             kwargs["tools"] = tools
+        if extra_body:
+            kwargs.update(extra_body)
         attempt = 0
         while True:
             t0 = time.monotonic()

@@ -146,15 +146,21 @@ def _task_meta(task) -> dict:
 async def _judge(cfg: CollectConfig, task, answer: str | None, pool) -> tuple[bool, dict]:
     from collect import judges
 
-    if getattr(task, "source", "embedded") == "embedded":
-        return judges.judge_embedded(task, answer), {"method": "embedded"}
-    if getattr(task, "source", None) == "worldsense":
-        choice = judges.worldsense_extract(answer or "")
-        return (choice is not None and choice == str(task.answer).strip().upper()), {"method": "worldsense_option"}
+    source = getattr(task, "source", "embedded")
+    mode = judges.resolve_mode(cfg.judge.get("scoring"), source)  # judge.scoring: official | robust (docs/world.md)
+    if source == "embedded":
+        return judges.judge_embedded(task, answer, mode), {"method": "embedded", "mode": mode}
+    if source == "worldsense":
+        ok = judges.worldsense_correct(answer or "", str(task.answer).strip().upper(), mode, task.options)
+        return ok, {"method": "worldsense_option", "mode": mode}
     ep = cfg.judge.get("endpoint")
     client, model = (pool.client(ep), cfg.endpoints[ep].model) if ep else (None, None)
-    res = await judges.omnigaia_judge(task.question, answer or "", task.answer, client=client, model=model)
-    return bool(res.correct), {"method": res.method}
+    kw = {"max_tokens": int(cfg.judge["max_tokens"])} if cfg.judge.get("max_tokens") else {}
+    res = await judges.omnigaia_judge(task.question, answer or "", task.answer, client, model, mode, **kw)
+    info = {"method": res.method, "mode": mode}
+    if res.correct is None:
+        info["detail"] = res.detail  # unjudged: the judge gave no usable verdict (counted in the summary)
+    return res.correct, info
 
 
 def used_endpoints(cfg: CollectConfig) -> dict[str, EndpointConfig]:
@@ -208,6 +214,7 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
 
 
 async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False) -> dict:
+    from collect import judges
     from collect.config import build_roles
     from collect.llm import ChatError, ClientPool
     from collect.loop import run_task
@@ -223,6 +230,7 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
         tools_cfg = ToolsConfig(**cfg.tools)
     except TypeError as e:
         raise ValueError(f"tools: {e}") from None
+    judges.resolve_mode(cfg.judge.get("scoring"))  # an unknown judge.scoring fails here, before OUT is touched
     await check_endpoints(cfg)
     done = prepare_out(out, cfg, allow_mixed_config, overwrite)
     todo = [t for t in all_tasks if t.id not in done]

@@ -69,6 +69,19 @@ def closure_audit(records: list[dict]) -> dict:
     return out
 
 
+def scoring_stats(records: list[dict]) -> dict:
+    """Which scoring mode judged the records ("official" | "robust", "mixed" when they differ, None when unrecorded),
+    and the tasks left unjudged (correct is None: the LLM judge gave no usable verdict; not in the accuracy)."""
+    judges = [r["judge"] for r in records if isinstance(r.get("judge"), dict)]
+    modes = sorted({str(j["mode"]) for j in judges if j.get("mode")})
+    unjudged = [str(r.get("task_id")) for r in records if r.get("correct") is None]
+    return {
+        "scoring_mode": modes[0] if len(modes) == 1 else ("mixed" if modes else None),
+        "n_unjudged": len(unjudged),
+        "unjudged_tasks": unjudged,
+    }
+
+
 def summarize(records: list[dict], prices_configured: bool = False) -> dict:
     outcomes = Counter(r.get("outcome") for r in records)
     by_outcome = {o: _acc([r for r in records if r.get("outcome") == o]) for o in OUTCOMES}
@@ -112,6 +125,7 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
         "n_tasks": len(records),
         **{k: v for k, v in overall.items() if k != "n"},
         "n_judged": overall["n"],
+        **scoring_stats(records),
         "by_difficulty": _group(records, "difficulty"),
         "by_category": _group(records, "category"),
         "by_family": _group(records, "family"),
