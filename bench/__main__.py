@@ -45,6 +45,7 @@ def main(argv=None) -> int:
         from bench import overhead
 
         results.append(overhead.run())
+        results.append(overhead.reducer_scaling())
     if want("context") or want("training"):
         from sft.tiny import build_tiny_model
 

@@ -75,3 +75,30 @@ def run(repeats: int = 30, seed: int = 0) -> dict:
             "digest_keys": sorted(digest(*_episode(5, rng)[:1], Ledger())),
         },
     }
+
+
+def reducer_scaling(sizes: tuple[int, ...] = (250, 1000, 4000), repeats: int = 3) -> dict:
+    """One hostile critic verdict with k mutually conflicting updates on one need: seconds per reduce at each k.
+    Linear work gives a 4x time ratio per 4x updates; the old reducer grew about k^2.5 (issue 16)."""
+    obs = NormalizedObservation("web_search", True, "s")
+    base = reduce(Ledger(), NeedsDeclared((NeedSpec("x"),)))
+    secs = {}
+    for k in sizes:
+        v = Verdict("INSUFFICIENT", updates=tuple(NeedUpdate(0, "filled", f"v{i}") for i in range(k)))
+        ev = ObservationCommitted("web_search", "{}", obs, v)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            reduce(base, ev)
+            best = min(best, time.perf_counter() - t0)
+        secs[k] = best
+    ratio = secs[sizes[-1]] / secs[sizes[-2]]
+    return {
+        "name": "reducer_verdict_scaling",
+        "figure": round(ratio, 2),
+        "unit": f"time ratio, {sizes[-1]} vs {sizes[-2]} conflicting updates in one verdict",
+        "target": "<= 6 (linear: 4)",
+        "met": ratio <= 6,
+        "inputs": {"updates": list(sizes), "repeats": repeats},
+        "extra": {"seconds_by_updates": {k: round(s, 5) for k, s in secs.items()}},
+    }

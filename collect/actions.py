@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import jsonschema
 
+from collect import bounds
+
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -44,23 +46,33 @@ class ActionError(ValueError):
         self.detail = detail
 
 
-def _decode_args(args) -> dict:
+def _loads(text: str, max_depth: int, what: str):
+    """Model-written JSON: parse errors and hostile nesting are ActionErrors; strings come back UTF-8-safe."""
+    try:
+        return bounds.clean_json(bounds.loads(text, max_depth), max_depth)
+    except bounds.TooDeep as e:
+        raise ActionError("too_deep", f"{what}: {e}") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ActionError("unparseable", f"{what} is not JSON: {e}") from None
+
+
+def _decode_args(args, max_depth: int) -> dict:
     if isinstance(args, dict):
-        return args
+        try:
+            return bounds.clean_json(args, max_depth)
+        except bounds.TooDeep as e:
+            raise ActionError("too_deep", f"arguments: {e}") from None
     if args is None or (isinstance(args, str) and not args.strip()):
         return {}
     if isinstance(args, str):
-        try:
-            v = json.loads(args)
-        except json.JSONDecodeError as e:
-            raise ActionError("unparseable", f"arguments are not JSON: {e}") from None
+        v = _loads(args, max_depth, "arguments")
         if not isinstance(v, dict):
             raise ActionError("bad_arguments", "arguments must be a JSON object")
         return v
     raise ActionError("bad_arguments", f"arguments of type {type(args).__name__}")
 
 
-def parse_action(text: str | None, tool_calls: list | None = None) -> Action:
+def parse_action(text: str | None, tool_calls: list | None = None, *, max_depth: int = 32) -> Action:
     """One action from a planner reply: native `tool_calls` first, else `<tool_call>{json}</tool_call>` text,
     else a bare JSON object with name/arguments. Raises ActionError when there is not exactly one call."""
     calls = []
@@ -78,10 +90,7 @@ def parse_action(text: str | None, tool_calls: list | None = None) -> Action:
             if stripped.startswith("{") and stripped.endswith("}"):
                 blocks = [stripped]
         for b in blocks:
-            try:
-                obj = json.loads(b)
-            except json.JSONDecodeError as e:
-                raise ActionError("unparseable", f"tool call is not JSON: {e}") from None
+            obj = _loads(b, max_depth, "tool call")
             if not isinstance(obj, dict):
                 raise ActionError("unparseable", "tool call must be a JSON object")
             calls.append((obj.get("name"), obj.get("arguments", obj.get("parameters", {}))))
@@ -92,7 +101,7 @@ def parse_action(text: str | None, tool_calls: list | None = None) -> Action:
     name, args = calls[0]
     if not isinstance(name, str) or not name:
         raise ActionError("unparseable", "tool call without a name")
-    return Action(name, _decode_args(args))
+    return Action(name, _decode_args(args, max_depth))
 
 
 def schema_index(tools: list[dict]) -> dict[str, dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
+from collect.bounds import Limits
 from collect.ledger import Budget
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,8 +92,11 @@ class RuntimeConfig:
         default=2000, metadata={"help": "raw observation shown to planner/critic and stored in trajectories"}
     )
     concurrency: int = field(default=8, metadata={"help": "tasks / concurrent chat calls in flight"})
+    limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
 
     def __post_init__(self):
+        if isinstance(self.limits, dict):
+            self.limits = Limits(**self.limits)
         if self.arm not in ARMS:
             raise ValueError(f"RuntimeConfig.arm = {self.arm!r}; expected one of {ARMS}")
         for name in ("max_steps", "unfillable_after", "max_observation_chars", "concurrency"):

@@ -29,7 +29,15 @@ NEED_ROLES = ("anchor", "external_fact", "applicability", "compute")
 SOURCES = ("visual", "audio", "subtitle", "web", "computation")
 VERDICTS = ("SUFFICIENT", "INSUFFICIENT", "CONFLICTING")
 OUTCOMES = ("accepted", "repaired", "forced", "insufficient", "budget_exhausted")
-MODEL_ERROR_KINDS = ("unparseable", "unknown_tool", "bad_arguments", "no_action", "role_output")
+MODEL_ERROR_KINDS = (
+    "unparseable",
+    "unknown_tool",
+    "bad_arguments",
+    "no_action",
+    "role_output",
+    "too_deep",
+    "oversized",
+)
 
 # Tools offered per asset type (paper, Appendix I.5) and globally.
 PERCEPTION_TOOLS = {
@@ -508,12 +516,25 @@ def _bump(counts: tuple[tuple[str, int], ...], tool: str) -> tuple[tuple[str, in
 
 
 def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
+    """Apply one critic verdict. Linear in the size of the ledger plus the verdict: a verdict is untrusted model output
+    and may carry thousands of updates, so every lookup inside the update loop is a dict access (atoms by id, the open
+    conflict of a need, the latest valued atom of a need, cards by entity, bridges by need), never a scan."""
     needs = list(state.needs)
-    slots = list(state.slots)
     atoms = list(state.atoms)
     conflicts = list(state.conflicts)
-    cards = list(state.entity_cards)
-    bridges = list(state.fact_bridges)
+    cards = {c.name: c for c in state.entity_cards}  # insertion order = card order; a replaced card moves to the end
+    bridges = {b.need_index: b for b in state.fact_bridges}
+    atom_by_id = {a.id: a for a in atoms}
+    last_valued: dict[int | None, str] = {}  # need index -> id of its latest atom with a value
+    for a in atoms:
+        if a.value is not None:
+            last_valued[a.need_index] = a.id
+    open_conflict: dict[int, int] = {}  # need index -> position in `conflicts` of its first unresolved conflict
+    for pos, c in enumerate(conflicts):
+        if not c.resolved:
+            open_conflict.setdefault(c.need_index, pos)
+    sides: dict[int, set[str]] = {}  # conflict position -> normalized values of its atoms (filled on first use)
+    extra_ids: dict[int, list[str]] = {}  # conflict position -> atom ids appended by this verdict
     progressed: set[int] = set()
     obs = ev.observation
     for k, up in enumerate(ev.verdict.updates):
@@ -542,20 +563,28 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
                 step=state.steps + 1,
             )
             atoms.append(atom)
-            open_c = [c for c in conflicts if c.need_index == nd.index and not c.resolved]
-            if open_c:
+            atom_by_id[atom.id] = atom
+            prior_id = last_valued.get(nd.index)
+            last_valued[nd.index] = atom.id
+            pos = open_conflict.get(nd.index)
+            if pos is not None:
                 # A new source on a contested need: it resolves the conflict when it agrees with exactly one side.
-                c = open_c[0]
-                sides = {normalize_value(_atom(atoms, a).value) for a in c.atom_ids}
-                if normalize_value(atom.value) in sides:
-                    conflicts[conflicts.index(c)] = replace(c, resolved=True, resolved_by=atom.id)
+                c = conflicts[pos]
+                if pos not in sides:
+                    sides[pos] = {normalize_value(atom_by_id[a].value) for a in c.atom_ids}
+                value = normalize_value(atom.value)
+                if value in sides[pos]:
+                    ids = c.atom_ids + tuple(extra_ids.pop(pos, ()))
+                    conflicts[pos] = replace(c, atom_ids=ids, resolved=True, resolved_by=atom.id)
+                    del open_conflict[nd.index]
+                    _next_open_conflict(conflicts, open_conflict, nd.index, pos)
                     nd = replace(nd, status="filled", value=atom.value, filled_by=atom.source)
                     progressed.add(nd.index)
                 else:
-                    conflicts[conflicts.index(c)] = replace(c, atom_ids=c.atom_ids + (atom.id,))
+                    extra_ids.setdefault(pos, []).append(atom.id)
+                    sides[pos].add(value)
             elif nd.value is not None and normalize_value(nd.value) != normalize_value(atom.value):
                 # Contradiction: keep both atoms, write a conflict, reopen the need as partial. Never overwrite.
-                prior = [a.id for a in atoms[:-1] if a.need_index == nd.index and a.value is not None]
                 conflicts.append(
                     Conflict(
                         id=f"c{seq}.{k}",
@@ -563,9 +592,10 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
                         type="value",
                         severity="blocking" if nd.blocking else "minor",
                         description=f"need {nd.index}: {nd.value!r} vs {atom.value!r} ({atom.source})",
-                        atom_ids=tuple(prior[-1:]) + (atom.id,),
+                        atom_ids=((prior_id,) if prior_id is not None else ()) + (atom.id,),
                     )
                 )
+                open_conflict[nd.index] = len(conflicts) - 1
                 nd = replace(nd, status="partial")
                 progressed.add(nd.index)
             elif nd.value is not None:
@@ -577,19 +607,19 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
                 progressed.add(nd.index)
             if nd.status == "filled":
                 if up.entity:
-                    cards = [c for c in cards if c.name != up.entity] + [
-                        EntityCard(up.entity, f"{nd.need}: {nd.value}", atom.id)
-                    ]
+                    cards.pop(up.entity, None)
+                    cards[up.entity] = EntityCard(up.entity, f"{nd.need}: {nd.value}", atom.id)
                 if atom.source == "web_search":
-                    bridges = [b for b in bridges if b.need_index != nd.index] + [
-                        FactBridge(nd.index, ev.arguments[:200], nd.value, atom.source, atom.id)
-                    ]
+                    bridges.pop(nd.index, None)
+                    bridges[nd.index] = FactBridge(nd.index, ev.arguments[:200], nd.value, atom.source, atom.id)
         elif up.status == "partial" and nd.status == "unfilled":
             nd = replace(nd, status="partial")
             progressed.add(nd.index)
         elif up.status == "unfillable" and nd.status != "filled":
             nd = replace(nd, status="unfillable", note="critic: unfillable")
         needs[nd.index] = nd
+    for pos, ids in extra_ids.items():
+        conflicts[pos] = replace(conflicts[pos], atom_ids=conflicts[pos].atom_ids + tuple(ids))
     # failed attempt accounting on the targeted need
     failed_calls = state.failed_calls
     tgt = ev.target_need
@@ -602,16 +632,16 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
                 nd = replace(nd, status="unfillable", note=f"{nd.attempts} failed attempts")
             needs[tgt] = nd
     needs = _propagate_unfillable(needs)
-    slots = [_sync_slot(s, needs[s.need_index], atoms) for s in slots]
+    slots = _sync_slots(state.slots, needs, atoms)
     gap = GapDiagnosis(ev.verdict.gap_type or ev.verdict.verdict.lower(), ev.verdict.description)
     return replace(
         state,
         needs=tuple(needs),
-        slots=tuple(slots),
+        slots=slots,
         atoms=tuple(atoms),
         conflicts=tuple(conflicts),
-        entity_cards=tuple(cards),
-        fact_bridges=tuple(bridges),
+        entity_cards=tuple(cards.values()),
+        fact_bridges=tuple(bridges.values()),
         tool_call_counts=_bump(state.tool_call_counts, ev.tool),
         failed_calls=failed_calls,
         steps=state.steps + 1,
@@ -620,11 +650,13 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
     )
 
 
-def _atom(atoms: list[Atom], atom_id: str) -> Atom:
-    for a in atoms:
-        if a.id == atom_id:
-            return a
-    raise KeyError(atom_id)
+def _next_open_conflict(conflicts: list[Conflict], open_conflict: dict[int, int], need: int, after: int) -> None:
+    """The first open conflict of `need` (at `after`) resolved: the next unresolved one (if any) becomes first."""
+    for pos in range(after + 1, len(conflicts)):
+        c = conflicts[pos]
+        if c.need_index == need and not c.resolved:
+            open_conflict[need] = pos
+            return
 
 
 def _propagate_unfillable(needs: list[Need]) -> list[Need]:
@@ -639,11 +671,19 @@ def _propagate_unfillable(needs: list[Need]) -> list[Need]:
     return needs
 
 
-def _sync_slot(slot: Slot, nd: Need, atoms: list[Atom]) -> Slot:
-    if nd.status == "filled" and nd.value is not None:
-        atom_id = next((a.id for a in reversed(atoms) if a.need_index == nd.index and a.value == nd.value), None)
-        return replace(slot, value=nd.value, atom_id=atom_id)
-    return replace(slot, value=None, atom_id=None)
+def _sync_slots(slots: tuple[Slot, ...], needs: list[Need], atoms: list[Atom]) -> tuple[Slot, ...]:
+    """Each slot mirrors its need: the value and the latest atom carrying exactly that value (one pass over atoms)."""
+    latest: dict[tuple, str] = {}
+    for a in atoms:
+        latest[(a.need_index, a.value)] = a.id
+    out = []
+    for slot in slots:
+        nd = needs[slot.need_index]
+        if nd.status == "filled" and nd.value is not None:
+            out.append(replace(slot, value=nd.value, atom_id=latest.get((nd.index, nd.value))))
+        else:
+            out.append(replace(slot, value=None, atom_id=None))
+    return tuple(out)
 
 
 def _tool_error(state: Ledger, ev: ToolError) -> Ledger:
@@ -655,11 +695,11 @@ def _tool_error(state: Ledger, ev: ToolError) -> Ledger:
             nd = replace(nd, status="unfillable", note=f"{nd.attempts} failed attempts")
         needs[tgt] = nd
     needs = _propagate_unfillable(needs)
-    slots = [_sync_slot(s, needs[s.need_index], list(state.atoms)) for s in state.slots]
+    slots = _sync_slots(state.slots, needs, list(state.atoms))
     return replace(
         state,
         needs=tuple(needs),
-        slots=tuple(slots),
+        slots=slots,
         tool_call_counts=_bump(state.tool_call_counts, ev.tool),
         failed_calls=state.failed_calls + (call_signature(ev.tool, ev.arguments),),
         steps=state.steps + 1,

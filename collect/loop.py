@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 
+from collect import bounds
 from collect.actions import ActionError, parse_action, validate_action
 from collect.config import RuntimeConfig
 from collect.ledger import (
@@ -128,11 +129,13 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
     run = _Run(r0, roles, cfg)
     T = cfg.max_steps
     max_obs = cfg.max_observation_chars
+    lim = cfg.limits  # every role output is bounded and made UTF-8-safe before the runtime keeps it (bounds.py)
 
     # ---- S_0: needs --------------------------------------------------------------------------------------------
     np_messages = render.render_need_parser_messages(r0)
     needs, u = await roles.need_parser.parse(r0, np_messages)
     run.account("need_parser", u)
+    needs = bounds.clean_needs(needs, lim)
     run.apply(NeedsDeclared(tuple(needs), unfillable_after=cfg.unfillable_after))
     initial_events, run.step_events = run.step_events, []
     needs_json = json.dumps([asdict(n) for n in needs], ensure_ascii=False)
@@ -160,11 +163,15 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
         )
         reply = await roles.planner.decide(messages, tools, r0=r0, ledger=ledger_before)
         run.account("planner", reply.usage)
+        reply_chars = len(reply.text or "") + bounds.text_size(reply.tool_calls)
+        oversized = reply_chars > lim.max_reply_chars
+        reply_text = bounds.clean_text(reply.text, lim.max_reply_chars)
+        reply_calls = bounds.clean_tool_calls(reply.tool_calls, lim)
         step = {
             "t": ledger_before.steps + 1,
             "latest_observation": latest,  # what render_planner_messages received (re-render: same bytes)
             "planner_input": {"messages": messages, "tools": tools},
-            "planner_output": {"text": reply.text, "tool_calls": reply.tool_calls},
+            "planner_output": {"text": reply_text, "tool_calls": reply_calls},
             "action": None,
             "raw_observation": "",
             "observation": None,
@@ -175,16 +182,17 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
             "latency_s": reply.usage.latency_s,
         }
         try:
-            action = parse_action(reply.text, reply.tool_calls)
+            if oversized:
+                raise ActionError("oversized", f"reply of {reply_chars} characters > {lim.max_reply_chars}")
+            action = parse_action(reply_text, reply_calls, max_depth=lim.max_json_depth)
             validate_action(action, tools)
         except ActionError as e:
-            run.apply(ModelError(e.kind, e.detail[:500], role="planner"))
-            latest = (
-                f"Your previous reply was rejected ({e.kind}): {e.detail[:300]}. Reply with exactly one tool call."
-            )
+            detail = bounds.clean_text(e.detail, 500)
+            run.apply(ModelError(e.kind, detail, role="planner"))
+            latest = f"Your previous reply was rejected ({e.kind}): {detail[:300]}. Reply with exactly one tool call."
             if cfg.arm == "react":
                 history += [
-                    {"role": "assistant", "content": reply.text or ""},
+                    {"role": "assistant", "content": reply_text},
                     {"role": "user", "content": latest},
                 ]
             steps.append(_close_step(step, run))
@@ -208,8 +216,9 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
             # tool's error, recorded in the ledger; the run goes on. Program errors in the loop itself still raise.
             if not isinstance(e, ToolFailure):
                 e = ToolFailure(f"{type(e).__name__}: {e}")
-            run.apply(ToolError(action.name, args_c, str(e)[:500], target_need=tgt))
-            latest = f"Tool {action.name} failed: {str(e)[:300]}"
+            err = bounds.clean_text(str(e), 500)
+            run.apply(ToolError(action.name, args_c, err, target_need=tgt))
+            latest = f"Tool {action.name} failed: {err[:300]}"
             step["raw_observation"] = latest
             if cfg.arm == "react":
                 history += [
@@ -218,10 +227,13 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
                 ]
             steps.append(_close_step(step, run))
             continue
+        raw = bounds.clean_text(raw, lim.max_reply_chars)
+        obs = bounds.clean_observation(obs, lim)
         raw_shown = render.truncate(raw, max_obs)
         crit_messages = render.render_critic_messages(r0, run.ledger, action.name, action.arguments, raw, obs, max_obs)
         verdict, u = await roles.critic.judge(r0, run.ledger, action.name, action.arguments, obs, crit_messages)
         run.account("critic", u)
+        verdict = bounds.clean_verdict(verdict, lim)
         if verdict.gap_type == CRITIC_ERROR_GAP:
             run.apply(ModelError("role_output", verdict.description[:500], role="critic"))
         digest_len_before_commit = len(render_digest(r0, run.ledger))
@@ -237,7 +249,7 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
             cap = max(digest_len_before_commit, len(render_digest(r0, run.ledger)))
             sm_messages = render.render_summarizer_messages(r0, summary, raw, cap, max_obs)
             summary, u = await roles.summarizer.summarize(r0, summary, raw, cap, sm_messages)
-            summary = summary[:cap]
+            summary = bounds.clean_text(summary)[:cap]
             run.account("summarizer", u)
             step["summary"] = summary
         steps.append(_close_step(step, run))
@@ -275,13 +287,14 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
 async def _finish(run: _Run, draft: str) -> str | None:
     """Handle a finish action; returns the note the planner sees next (None when the run ended)."""
     r0, roles, led = run.r0, run.roles, run.ledger
+    lim = run.cfg.limits
     if run.cfg.arm == "react":
         run.apply(AnswerAccepted(draft))
         return None
     if led.blocked_finishes >= r0.budget.max_revisions:
         answer, u = await roles.finalizer.draft(r0, led, render.render_finalizer_messages(r0, led))
         run.account("finalizer", u)
-        run.apply(AnswerAccepted(answer, forced=True))
+        run.apply(AnswerAccepted(bounds.clean_text(answer, lim.max_value_chars), forced=True))
         return None
     if not ready(led):
         reason = _blocked_reason(led)
@@ -289,10 +302,12 @@ async def _finish(run: _Run, draft: str) -> str | None:
         return reason
     answer, u = await roles.finalizer.draft(r0, led, render.render_finalizer_messages(r0, led))
     run.account("finalizer", u)
+    answer = bounds.clean_text(answer, lim.max_value_chars)
     passed, hint, u = await roles.answer_critic.check(
         r0, led, answer, render.render_answer_critic_messages(r0, led, answer)
     )
     run.account("answer_critic", u)
+    hint = bounds.clean_text(hint, lim.max_value_chars) if hint else hint
     if passed:
         run.apply(AnswerAccepted(answer))
         return None

@@ -15,6 +15,8 @@ import os
 import warnings
 from pathlib import Path
 
+from collect.bounds import scrub_record
+
 
 def config_hash(*parts) -> str:
     """Stable short hash of configs (dataclasses or JSON-able values); never includes keys (configs hold none)."""
@@ -53,7 +55,11 @@ class TrajectoryWriter:
             warnings.warn(f"{self.path}: removed a torn last line ({removed} bytes) before appending", stacklevel=2)
 
     def append(self, record: dict) -> None:
-        line = (json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n").encode()
+        text = json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n"
+        try:
+            line = text.encode()
+        except UnicodeEncodeError:  # a lone surrogate slipped past the boundary: write valid UTF-8 all the same
+            line = (json.dumps(scrub_record(record), ensure_ascii=False, sort_keys=False) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             written = os.write(fd, line)

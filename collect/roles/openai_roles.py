@@ -15,6 +15,7 @@ import ast
 import json
 import re
 
+from collect import bounds
 from collect.ledger import (
     CLOSURE_LEVELS,
     NEED_ROLES,
@@ -33,6 +34,8 @@ from collect.roles.base import PlannerReply, Usage
 
 CRITIC_ERROR_GAP = "critic_output_error"  # gap_type of the fallback verdict when the critic's output is unreadable
 
+_MAX_REPLY_CHARS = bounds.Limits().max_reply_chars
+_MAX_DEPTH = bounds.Limits().max_json_depth
 _FENCE_RE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 _TRAILING_COMMA_RE = re.compile(r",\s*([}\]])")
 
@@ -63,10 +66,12 @@ def _balanced_spans(text: str, open_ch: str = "{", close_ch: str = "}") -> list[
 
 
 def _loads_lenient(s: str):
+    if bounds.json_depth(s) > _MAX_DEPTH:
+        return None  # hostile nesting: unreadable, never a RecursionError
     for candidate in (s, _TRAILING_COMMA_RE.sub(r"\1", s)):
         try:
             return json.loads(candidate)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass
     py = _TRAILING_COMMA_RE.sub(r"\1", s)
     py = re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", re.sub(r"\bnull\b", "None", py)))
@@ -78,8 +83,8 @@ def _loads_lenient(s: str):
 
 def parse_json_object(text: str | None) -> dict | None:
     """The first JSON object in a model reply, tolerating fences, prose, single quotes and trailing commas."""
-    if not text:
-        return None
+    if not text or len(text) > _MAX_REPLY_CHARS:
+        return None  # empty, or too long to be a reply worth parsing (bounds.Limits): unreadable
     candidates = [m.strip() for m in _FENCE_RE.findall(text)] + [text.strip()]
     for c in candidates:
         for span in [c] + _balanced_spans(c):
