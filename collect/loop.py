@@ -218,6 +218,9 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
                 ]
             steps.append(_close_step(step, run))
             continue
+        finally:  # chat usage of the tool itself (media perception), failed calls included
+            for role, tu in (toolbox.take_usage() if hasattr(toolbox, "take_usage") else {}).items():
+                run.account(role, tu)
         raw_shown = render.truncate(raw, max_obs)
         crit_messages = render.render_critic_messages(r0, run.ledger, action.name, action.arguments, raw, obs, max_obs)
         verdict, u = await roles.critic.judge(r0, run.ledger, action.name, action.arguments, obs, crit_messages)
