@@ -227,6 +227,9 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
                 ]
             steps.append(_close_step(step, run))
             continue
+        finally:  # chat usage of the tool itself (media perception), failed calls included
+            for role, tu in (toolbox.take_usage() if hasattr(toolbox, "take_usage") else {}).items():
+                run.account(role, tu)
         raw = bounds.clean_text(raw, lim.max_reply_chars)
         obs = bounds.clean_observation(obs, lim)
         raw_shown = render.truncate(raw, max_obs)

@@ -216,7 +216,7 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
 async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False) -> dict:
     from collect import judges
     from collect.config import build_roles
-    from collect.llm import ChatError, ClientPool
+    from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
     from collect.loop import run_task
     from collect.tools import ToolBox, ToolsConfig
     from collect.trajectory import TrajectoryWriter, read_trajectories
@@ -252,16 +252,18 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
                 rec = await run_task(task, roles, toolbox, cfg.runtime)
                 if rec.get("answer") is None and rec.get("outcome") in ("insufficient", "budget_exhausted"):
                     rec["answer"] = INSUFFICIENT  # Algorithm 1, lines 17 and 20: "return insufficient"
-                correct, judge_info = await _judge(cfg, task, rec.get("answer"), pool)
+                with usage_scope() as judge_usage:  # the answer judge's chat calls count under role "judge"
+                    correct, judge_info = await _judge(cfg, task, rec.get("answer"), pool)
+                add_usage(rec, "judge", judge_usage)
             except ChatError as e:
                 # An endpoint that stayed down past its retry budget: nothing is written for this task, so a rerun
                 # with the same OUT retries it. Counted in the summary.
-                errored[task.id] = f"{e.kind}: {e.detail}"[:300]
+                errored[task.id] = redact(f"{e.kind}: {e.detail}")[:300]
                 log.warning("task %s failed after retries: %s", task.id, errored[task.id])
                 bar.update(1)
                 return
             except Exception as e:  # a bug must not cost the other tasks of a long paid run: log it, go on
-                errored[task.id] = f"{type(e).__name__}: {e}"[:300]
+                errored[task.id] = redact(f"{type(e).__name__}: {e}")[:300]
                 log.exception("task %s crashed; it is retried on the next run with the same OUT", task.id)
                 bar.update(1)
                 return

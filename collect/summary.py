@@ -94,6 +94,7 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
     tool_errors = 0
     cost = 0.0
     prompt_tokens = completion_tokens = 0
+    by_role: dict[str, Counter] = defaultdict(Counter)  # role (incl. perception, judge) -> calls/tokens/retries/cost
     for r in records:
         calls = 0
         for s in r.get("steps", []):
@@ -114,11 +115,14 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
         n_tool_calls.append(calls)
         for k, v in (r.get("faults") or {}).items():
             faults[k] += v
-        for u in (r.get("usage") or {}).values():
+        for role, u in (r.get("usage") or {}).items():
             if isinstance(u, dict):
                 cost += float(u.get("cost_usd") or 0.0)
                 prompt_tokens += int(u.get("prompt_tokens") or 0)
                 completion_tokens += int(u.get("completion_tokens") or 0)
+                for k in ("calls", "prompt_tokens", "completion_tokens", "retries"):
+                    by_role[role][k] += int(u.get(k) or 0)
+                by_role[role]["cost_usd"] += float(u.get("cost_usd") or 0.0)
     overall = _acc(records)
     mean = lambda xs: (sum(xs) / len(xs)) if xs else None  # noqa: E731
     summary = {
@@ -141,6 +145,12 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
         "model_errors": dict(sorted(model_errors.items())),  # role:kind -> count (unusable model output)
         "tool_errors": tool_errors,
         "tokens": {"prompt": prompt_tokens, "completion": completion_tokens},
+        # every chat call of the run by role: the loop's roles, media perception ("perception"), answer judge ("judge")
+        "usage_by_role": {
+            role: {k: c[k] for k in ("calls", "prompt_tokens", "completion_tokens", "retries")}
+            | ({"cost_usd": round(c["cost_usd"], 6)} if prices_configured else {})
+            for role, c in sorted(by_role.items())
+        },
     }
     if prices_configured:
         summary["cost_usd"] = {"total": round(cost, 6), "per_task": round(cost / len(records), 6) if records else None}

@@ -11,7 +11,8 @@ Two judges share the interface:
   OfflineJudge  deterministic, reads the ledger snapshot (actionable needs, preferred sources, need_index, query
                 overlap with the query focus and upstream values, equality with the reference action). Used for the
                 embedded world, CPU demos and tests.
-  OpenAIJudge   an async OpenAI-compatible chat call with the rubric in rewards/prompts/judge.md, retries, a cache
+  OpenAIJudge   an async OpenAI-compatible chat call (collect.llm.ChatClient: the collect runtime's fault classes,
+                retries, deadline, usage/cost and redaction) with the rubric in rewards/prompts/judge.md, a cache
                 and bounded concurrency. The API key is read from the env var named in the recipe, never stored.
 
 The active judge is process-wide (``use_judge``) because TRL calls reward functions with dataset columns only.
@@ -309,11 +310,19 @@ def parse_judge_reply(text: str | None) -> JudgeScore:
 
 
 class OpenAIJudge(Judge):
-    """One chat call per candidate to an OpenAI-compatible endpoint, rubric from a prompt file."""
+    """One chat call per candidate to an OpenAI-compatible endpoint, rubric from a prompt file.
+
+    Transport faults are handled by `collect.llm.ChatClient` (429/5xx/timeouts/connection/malformed bodies retried up
+    to ``max_retries`` with backoff from ``retry_backoff_s``; other 4xx not retried); a reply that does not parse as
+    the rubric's JSON is asked again, up to ``max_retries`` more times. ``usage`` sums every call (tokens, cost,
+    retries, faults)."""
 
     name = "openai_judge"
 
     def __init__(self, cfg: JudgeConfig):
+        from collect.config import EndpointConfig
+        from collect.llm import Usage
+
         super().__init__(cfg.cache_path)
         if not cfg.base_url or not cfg.model:
             raise ValueError(
@@ -322,23 +331,31 @@ class OpenAIJudge(Judge):
         if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
             raise ValueError(f"judge.api_key_env={cfg.api_key_env!r} is not set in the environment")
         self.cfg = cfg
+        self.endpoint = EndpointConfig(
+            base_url=cfg.base_url,
+            model=cfg.model,
+            api_key_env=cfg.api_key_env or None,
+            timeout_s=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            backoff_base_s=cfg.retry_backoff_s,
+        )
+        self.usage = Usage(model=cfg.model)
         self.template = Path(cfg.prompt_path).read_text()
-        self._per_loop: dict[int, tuple[Any, asyncio.Semaphore, asyncio.AbstractEventLoop]] = {}
+        self._per_loop: dict[int, tuple[Any, asyncio.AbstractEventLoop]] = {}
 
     def _client(self):
-        """A client and semaphore per event loop (TRL runs async rewards on its own loop; scripts use asyncio.run)."""
-        import openai
+        """A ChatClient per event loop (TRL runs async rewards on its own loop; scripts use asyncio.run); its semaphore
+        bounds the judge's requests in flight."""
+        from collect.llm import ChatClient
 
         loop = asyncio.get_running_loop()
         got = self._per_loop.get(id(loop))
-        if got is None or got[2] is not loop:
-            key = os.environ.get(self.cfg.api_key_env) if self.cfg.api_key_env else None
-            client = openai.AsyncOpenAI(
-                base_url=self.cfg.base_url, api_key=key or "EMPTY", timeout=self.cfg.timeout_s, max_retries=0
-            )
-            got = (client, asyncio.Semaphore(self.cfg.max_concurrency), loop)
+        if got is None or got[1] is not loop:
+            got = (ChatClient(self.endpoint, asyncio.Semaphore(self.cfg.max_concurrency)), loop)
             self._per_loop[id(loop)] = got
-        return got[0], got[1]
+        return got[0]
 
     def render(self, state: JudgeState, completion: Any, text: str) -> str:
         action, error = check_candidate(completion, state.tools)
@@ -360,24 +377,25 @@ class OpenAIJudge(Judge):
         return out
 
     async def _judge(self, state: JudgeState, completion: Any, text: str) -> JudgeScore | None:
-        client, sem = self._client()
-        prompt = self.render(state, completion, text)
+        from collect.llm import ChatError
+
+        client = self._client()
+        messages = [{"role": "user", "content": self.render(state, completion, text)}]
         last: Exception | None = None
-        for attempt in range(self.cfg.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(self.cfg.retry_backoff_s * 2 ** (attempt - 1))
+        for _ in range(self.cfg.max_retries + 1):
             try:
-                async with sem:
-                    resp = await client.chat.completions.create(
-                        model=self.cfg.model,
-                        messages=[{"role": "user", "content": prompt}],
-                        temperature=self.cfg.temperature,
-                        max_tokens=self.cfg.max_tokens,
-                    )
-                return parse_judge_reply(resp.choices[0].message.content)
-            except Exception as e:  # 5xx, timeouts, garbage bodies, unparseable replies: retry, then skip
+                resp = await client.chat(messages)
+            except ChatError as e:  # retried by the client as far as its policy allows: give up (a skip)
+                self.usage.add(e.usage)
                 last = e
-        log.warning("judge gave up after %d attempts: %s: %s", self.cfg.max_retries + 1, type(last).__name__, last)
+                break
+            self.usage.add(resp.usage)
+            try:
+                return parse_judge_reply(resp.text)
+            except ValueError as e:  # an unparseable or out-of-range reply: ask again
+                self.usage.fault("malformed")
+                last = e
+        log.warning("judge gave up on state %s: %s: %s", state.key, type(last).__name__, last)
         return None
 
 

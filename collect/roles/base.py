@@ -7,35 +7,23 @@ them, offline roles may ignore them and read the typed ledger instead (the teach
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from collect.ledger import Ledger, NeedSpec, NormalizedObservation, TaskContext, Verdict
+from collect.llm import Usage  # defined with the chat client (collect.llm imports nothing of roles); re-exported
 
-
-@dataclass
-class Usage:
-    model: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_s: float = 0.0
-    calls: int = 0
-    retries: int = 0
-    cost_usd: float = 0.0
-    faults: dict = field(default_factory=dict)  # fault kind -> count (timeouts, 429, 5xx, malformed, ...)
-
-    def add(self, other: Usage) -> None:
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.latency_s += other.latency_s
-        self.calls += other.calls
-        self.retries += other.retries
-        self.cost_usd += other.cost_usd
-        for k, v in other.faults.items():
-            self.faults[k] = self.faults.get(k, 0) + v
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+__all__ = [
+    "AnswerCritic",
+    "EvidenceCritic",
+    "Finalizer",
+    "NeedParser",
+    "Planner",
+    "PlannerReply",
+    "Roles",
+    "Summarizer",
+    "Usage",
+]
 
 
 @dataclass

@@ -29,8 +29,8 @@ from collect.ledger import (
     TaskContext,
     Verdict,
 )
-from collect.llm import ChatClient
-from collect.roles.base import PlannerReply, Usage
+from collect.llm import ChatClient, Usage
+from collect.roles.base import PlannerReply
 
 CRITIC_ERROR_GAP = "critic_output_error"  # gap_type of the fallback verdict when the critic's output is unreadable
 

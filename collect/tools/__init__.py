@@ -182,15 +182,14 @@ class ToolBox:
         self._schemas = tool_schemas(r0)
         self._media = None
         if self.config.perception_backend == "media":
-            c = self.config
-            self._media = perception.MediaPerception(
-                c.media_base_url,
-                c.media_model,
-                c.media_api_key_env,
-                c.frames_per_range,
-                c.media_root,
-                c.media_timeout_s,
-            )
+            self._media = perception.MediaPerception.from_tools_config(self.config)
+
+    def take_usage(self) -> dict:
+        """Chat usage of the tool calls since the last take, by role ({"perception": Usage}; empty when none)."""
+        if self._media is None:
+            return {}
+        u = self._media.take_usage()
+        return {} if u.empty() else {"perception": u}
 
     def schemas(self) -> list[dict]:
         return self._schemas

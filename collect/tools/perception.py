@@ -3,7 +3,9 @@
 - `annotation_search`: offline, searches an asset's annotation tracks (subtitles, audio segments, clip captions,
   frame notes) by query-token overlap within an optional time range.
 - `MediaPerception`: real media. Frames for the requested range are cut with PyAV and sent as image data URIs (and
-  audio segments as WAV `input_audio`) to an OpenAI-compatible multimodal endpoint through the `openai` async client.
+  audio segments as WAV `input_audio`) to an OpenAI-compatible multimodal endpoint through `collect.llm.ChatClient`
+  (the same fault classes, retries, deadline, usage/cost accounting and redaction as the roles). The usage of every
+  call, failed ones included, accumulates until `take_usage()`; the ToolBox hands it to the loop (role "perception").
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import os
 import re
 from fractions import Fraction
 
+from collect.config import EndpointConfig
+from collect.llm import ChatClient, ChatError, Usage
 from collect.tasks import AssetSpec
 
 STOPWORDS = frozenset(
@@ -167,23 +171,34 @@ PROMPTS = {
 
 
 class MediaPerception:
-    """Sends real media to an OpenAI-compatible multimodal chat endpoint. The API key is read from the env var
-    named in the config at call time and never stored in observations."""
+    """Sends real media to an OpenAI-compatible multimodal chat endpoint through a `ChatClient` (created on first use,
+    inside the running event loop). The API key is read from the env var the endpoint config names, never stored in
+    observations. Transient faults are retried by the client; a final `ChatError` is a `PerceptionError` (a tool
+    failure), and its usage (retries, faults) is kept all the same."""
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key_env: str,
-        frames_per_range: int,
-        media_root: str | None,
-        timeout_s: float = 120.0,
-        max_tokens: int = 512,
-    ):
-        self.base_url, self.model, self.api_key_env = base_url, model, api_key_env
+    def __init__(self, endpoint: EndpointConfig, frames_per_range: int, media_root: str | None):
+        self.endpoint = endpoint
         self.frames_per_range, self.media_root = frames_per_range, media_root
-        self.timeout_s, self.max_tokens = timeout_s, max_tokens
-        self._client = None
+        self.usage = Usage(model=endpoint.model)
+        self._client: ChatClient | None = None
+
+    @classmethod
+    def from_tools_config(cls, c) -> MediaPerception:
+        """From a `collect.tools.ToolsConfig` (media_* fields)."""
+        endpoint = EndpointConfig(
+            base_url=c.media_base_url,
+            model=c.media_model,
+            api_key_env=c.media_api_key_env or None,
+            timeout_s=c.media_timeout_s,
+            max_tokens=512,
+            temperature=0.0,
+        )
+        return cls(endpoint, c.frames_per_range, c.media_root)
+
+    def take_usage(self) -> Usage:
+        """The usage since the last call (and reset it)."""
+        u, self.usage = self.usage, Usage(model=self.endpoint.model)
+        return u
 
     def _path(self, asset: AssetSpec) -> str:
         if not asset.path:
@@ -233,26 +248,21 @@ class MediaPerception:
         return parts
 
     async def describe(self, asset: AssetSpec, tool: str, query: str, time_range: tuple[float, float] | None) -> str:
-        import openai
-
         content = self.build_content(asset, tool, query, time_range)
         if self._client is None:
-            self._client = openai.AsyncOpenAI(
-                base_url=self.base_url,
-                api_key=os.environ.get(self.api_key_env) or "EMPTY",
-                timeout=self.timeout_s,
-                max_retries=1,
-            )
+            self._client = ChatClient(self.endpoint)
         try:
-            resp = await self._client.chat.completions.create(
-                model=self.model,
-                messages=[{"role": "user", "content": content}],
-                max_tokens=self.max_tokens,
-                temperature=0.0,
-            )
-        except openai.OpenAIError as e:
-            raise PerceptionError(f"perception endpoint error: {type(e).__name__}: {e}") from None
-        text = (resp.choices[0].message.content or "").strip() if resp.choices else ""
+            resp = await self._client.chat([{"role": "user", "content": content}])
+        except ChatError as e:  # already redacted; its usage (retries, faults) still counts
+            self.usage.add(e.usage)
+            raise PerceptionError(f"perception endpoint error: {e}") from None
+        self.usage.add(resp.usage)
+        text = resp.text.strip()
         if not text:
             raise PerceptionError("perception endpoint returned an empty reply")
         return text
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
