@@ -9,8 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from collect.config import load_config
 from collect.harvest import harvest
-from collect.run import load_config, run_collection
+from collect.run import run_collection
 
 
 def collect_fixture(out: Path, split: str = "train") -> Path:

@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from collect.run import RunDirError, load_config, run_collection, setup_logging
+from collect.config import load_config
+from collect.run import RunDirError, run_collection, setup_logging
 
 
 def _positive_int(text: str) -> int:

@@ -1,4 +1,5 @@
-"""Runtime configuration: endpoints, which backend serves which role, and the loop's budget/arm.
+"""Runtime configuration: the collect recipe (task source, split, runtime, roles, endpoints, tools, judge, harvest),
+endpoints, which backend serves which role, and the loop's budget/arm. `load_config` reads a recipe YAML.
 
 Keys never live in these objects: an endpoint names the environment variable that holds its key (`api_key_env`),
 and the chat client reads it at call time. `repr()` of every config is therefore safe to log.
@@ -6,8 +7,15 @@ and the chat client reads it at call time. `repr()` of every config is therefore
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import yaml
 
 from collect.bounds import Limits
 from collect.ledger import Budget
@@ -19,6 +27,9 @@ if TYPE_CHECKING:  # pragma: no cover
 ARMS = ("ledger", "react", "memory")
 ROLE_NAMES = ("need_parser", "planner", "critic", "finalizer", "answer_critic", "summarizer")
 OFFLINE = "offline"
+# Characters of one raw observation the planner, critic and summarizer are shown (collect.roles.render truncates to
+# it and says how much was cut); the tools' own cap (collect.tools.ToolsConfig) is derived from it.
+MAX_OBSERVATION_CHARS = 2000
 
 
 @dataclass
@@ -85,11 +96,17 @@ class RuntimeConfig:
     """The loop: which arm, the budget (T, revisions, failed attempts per need), observation truncation."""
 
     arm: str = field(default="ledger", metadata={"help": "ledger | react | memory"})
-    max_steps: int = field(default=15, metadata={"help": "T in Algorithm 1: planner calls per task"})
-    max_revisions: int = field(default=2, metadata={"help": "blocked finishes before the answer is forced"})
-    unfillable_after: int = field(default=3, metadata={"help": "failed attempts before a need is unfillable"})
+    # the budget's defaults are collect.ledger.Budget's; budget() is the one place a run's Budget is built
+    max_steps: int = field(default=Budget.max_steps, metadata={"help": "T in Algorithm 1: planner calls per task"})
+    max_revisions: int = field(
+        default=Budget.max_revisions, metadata={"help": "blocked finishes before the answer is forced"}
+    )
+    unfillable_after: int = field(
+        default=Budget.unfillable_after, metadata={"help": "failed attempts before a need is unfillable"}
+    )
     max_observation_chars: int = field(
-        default=2000, metadata={"help": "raw observation shown to planner/critic and stored in trajectories"}
+        default=MAX_OBSERVATION_CHARS,
+        metadata={"help": "raw observation shown to planner/critic and stored in trajectories"},
     )
     concurrency: int = field(default=8, metadata={"help": "tasks / concurrent chat calls in flight"})
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
@@ -107,6 +124,80 @@ class RuntimeConfig:
 
     def budget(self) -> Budget:
         return Budget(self.max_steps, self.max_revisions, self.unfillable_after)
+
+
+@dataclass
+class TaskSource:
+    """Where tasks come from: the embedded world (default), a task file in the schema, or a benchmark loader."""
+
+    kind: str = field(default="embedded", metadata={"help": "embedded | file | omnigaia | worldsense"})
+    seed: int = field(default=0, metadata={"help": "embedded world seed"})
+    path: str | None = field(default=None, metadata={"help": "task file / OmniGAIA metadata / worldsense_qa.json"})
+    media_root: str | None = field(default=None, metadata={"help": "media root for OmniGAIA / WorldSense"})
+    subtitles_root: str | None = field(default=None, metadata={"help": "WorldSense subtitles root"})
+
+    def __post_init__(self):
+        if self.kind not in ("embedded", "file", "omnigaia", "worldsense"):
+            raise ValueError(f"tasks.kind: unknown task source {self.kind!r}")
+        if self.kind != "embedded" and not self.path:
+            raise ValueError(f"tasks.path is required for tasks.kind={self.kind!r}")
+
+
+@dataclass
+class CollectConfig:
+    name: str = field(default="collect", metadata={"help": "run name (recorded in trajectories)"})
+    tasks: TaskSource = field(default_factory=TaskSource)
+    split: str | None = field(default="train", metadata={"help": "train | dev | test | all (embedded world)"})
+    limit: int | None = field(default=None, metadata={"help": "first N tasks of the split (deterministic order)"})
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    roles: RolesConfig = field(default_factory=RolesConfig)
+    endpoints: dict[str, EndpointConfig] = field(default_factory=dict)
+    tools: dict = field(default_factory=dict, metadata={"help": "collect.tools.ToolsConfig fields"})
+    judge: dict = field(default_factory=dict, metadata={"help": "{endpoint: name} enables the OmniGAIA LLM judge"})
+    harvest: dict = field(default_factory=lambda: {"enabled": True, "eval_share": 0.1})
+    progress: bool = True
+
+    def __post_init__(self):
+        self.roles.check_endpoints(self.endpoints)
+        if self.judge.get("endpoint") and self.judge["endpoint"] not in self.endpoints:
+            raise ValueError(f"judge.endpoint: {self.judge['endpoint']!r} is not defined under `endpoints`")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """Hash of everything that changes what a trajectory means (not limit/progress/harvest)."""
+        d = self.to_dict()
+        for k in ("limit", "progress", "harvest", "name"):
+            d.pop(k, None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:
+    """Read a YAML recipe; unknown keys are errors that name the file and the key."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"config file not found: {p}")
+    raw = yaml.safe_load(p.read_text()) or {}
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            raw[k] = v
+    known = {f.name for f in dataclasses.fields(CollectConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    try:
+        return CollectConfig(
+            **{
+                **raw,
+                "tasks": TaskSource(**(raw.get("tasks") or {})),
+                "runtime": RuntimeConfig(**(raw.get("runtime") or {})),
+                "roles": RolesConfig.from_dict(raw.get("roles") or {}),
+                "endpoints": {k: EndpointConfig(**v) for k, v in (raw.get("endpoints") or {}).items()},
+            }
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{p}: {e}") from None
 
 
 def build_roles(task, roles_cfg: RolesConfig, endpoints: dict[str, EndpointConfig], client_pool: ClientPool) -> Roles:

@@ -7,7 +7,7 @@ Paper mapping (v3 §3.2-3.3, v1 Appendix I):
      F      -> Ledger.slots (fact / compute slots) + fact_bridges + entity_cards
      E      -> Ledger.atoms (evidence atoms with source tool, asset, time span and need)
      C      -> Ledger.conflicts (+ gap_diagnosis)
-  control   -> tool_call_counts, steps, blocked_finishes, revisions, failed_calls, errors
+  control   -> tool_call_counts, steps, blocked_finishes, failed_calls, errors
 
 Everything here is pure: no clock, no randomness, no I/O. Ids come from the event sequence number.
 ``reduce(state, event)`` returns a new frozen Ledger; nothing else may construct a changed ledger.
@@ -253,8 +253,7 @@ class Ledger:
     tool_call_counts: tuple[tuple[str, int], ...] = ()
     failed_calls: tuple[str, ...] = ()  # signatures of calls that made no progress (exhausted)
     steps: int = 0
-    blocked_finishes: int = 0
-    revisions: int = 0
+    blocked_finishes: int = 0  # also the number of revisions (each blocked finish asks for one)
     model_errors: int = 0
     tool_errors: int = 0
     seq: int = 0  # number of events reduced so far
@@ -291,7 +290,15 @@ class Ledger:
         return self.outcome is not None
 
     def to_dict(self) -> dict:
-        return _plain(self)
+        # The recorded format keeps "revisions" right after "blocked_finishes" (the same count; the field is gone):
+        # ledgers in existing trajectories and rl_states rows, and their state hashes, stay byte-identical.
+        # ledger_from_dict ignores the key.
+        out = {}
+        for k, v in _plain(self).items():
+            out[k] = v
+            if k == "blocked_finishes":
+                out["revisions"] = v
+        return out
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -468,7 +475,6 @@ def reduce(state: Ledger, event: Event) -> Ledger:
             state,
             steps=state.steps + 1,
             blocked_finishes=state.blocked_finishes + 1,
-            revisions=state.revisions + 1,
             gap_diagnosis=GapDiagnosis("blocked_finish", event.diagnosis),
         )
     elif isinstance(event, AnswerAccepted):
@@ -747,7 +753,7 @@ def can_advance(tool: str, arguments: dict | None, r0: TaskContext, s: Ledger) -
     if tool not in r0.tools() or s.done or s.steps >= r0.budget.max_steps:
         return False
     if tool == "finish":
-        return ready(s) or s.revisions < r0.budget.max_revisions
+        return ready(s) or s.blocked_finishes < r0.budget.max_revisions
     if not _tool_serves_asset(tool, r0, arguments.get("asset_id")):
         return False
     if call_signature(tool, canonical_args(arguments)) in s.failed_calls:
@@ -906,7 +912,6 @@ def ledger_from_dict(d: dict) -> Ledger:
             for k in (
                 "steps",
                 "blocked_finishes",
-                "revisions",
                 "model_errors",
                 "tool_errors",
                 "seq",

@@ -63,7 +63,7 @@ from collect.ledger import (
 from collect.roles import render
 from collect.roles.base import Roles, Usage
 from collect.roles.openai_roles import CRITIC_ERROR_GAP
-from collect.trajectory import config_hash
+from collect.trajectory import config_hash as hash_configs
 
 try:  # the real tools package is written in parallel; its ToolFailure is the exception tools raise
     from collect.tools import ToolFailure
@@ -119,8 +119,13 @@ class _Run:
         self.usage.setdefault(role, Usage(model=u.model)).add(u)
 
 
-async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig) -> dict:
-    """Run one task to its outcome and return its trajectory record (see docs/trajectory.md)."""
+async def run_task(
+    task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig, *, config_hash: str | None = None
+) -> dict:
+    """Run one task to its outcome and return its trajectory record (see docs/trajectory.md).
+
+    config_hash: the record's `config_hash`, written here only; the collect engine passes its whole recipe's hash
+    (CollectConfig.hash(), the one in OUT/run_config.json). Default: a hash of the runtime config and role models."""
     cfg = runtime_cfg
     r0, gold = _task_parts(task_or_r0)
     r0 = replace(r0, budget=cfg.budget())  # the runtime config is the one source of the budget
@@ -265,7 +270,7 @@ async def run_task(task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig
             faults[k] = faults.get(k, 0) + v
     return {
         "task_id": r0.task_id,
-        "config_hash": config_hash(cfg, roles.models),
+        "config_hash": config_hash or hash_configs(cfg, roles.models),
         "arm": cfg.arm,
         "models": dict(roles.models),
         "outcome": led.outcome,

@@ -7,99 +7,20 @@ finished task ids; a changed configuration refuses to mix into an old OUT unless
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from collect.config import EndpointConfig, RolesConfig, RuntimeConfig
+from collect.config import CollectConfig, EndpointConfig
+from collect.judges import INSUFFICIENT
 from collect.summary import summarize
 
 log = logging.getLogger("collect")
-INSUFFICIENT = "insufficient"
-
-
-@dataclass
-class TaskSource:
-    """Where tasks come from: the embedded world (default), a task file in the schema, or a benchmark loader."""
-
-    kind: str = field(default="embedded", metadata={"help": "embedded | file | omnigaia | worldsense"})
-    seed: int = field(default=0, metadata={"help": "embedded world seed"})
-    path: str | None = field(default=None, metadata={"help": "task file / OmniGAIA metadata / worldsense_qa.json"})
-    media_root: str | None = field(default=None, metadata={"help": "media root for OmniGAIA / WorldSense"})
-    subtitles_root: str | None = field(default=None, metadata={"help": "WorldSense subtitles root"})
-
-    def __post_init__(self):
-        if self.kind not in ("embedded", "file", "omnigaia", "worldsense"):
-            raise ValueError(f"tasks.kind: unknown task source {self.kind!r}")
-        if self.kind != "embedded" and not self.path:
-            raise ValueError(f"tasks.path is required for tasks.kind={self.kind!r}")
-
-
-@dataclass
-class CollectConfig:
-    name: str = field(default="collect", metadata={"help": "run name (recorded in trajectories)"})
-    tasks: TaskSource = field(default_factory=TaskSource)
-    split: str | None = field(default="train", metadata={"help": "train | dev | test | all (embedded world)"})
-    limit: int | None = field(default=None, metadata={"help": "first N tasks of the split (deterministic order)"})
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
-    roles: RolesConfig = field(default_factory=RolesConfig)
-    endpoints: dict[str, EndpointConfig] = field(default_factory=dict)
-    tools: dict = field(default_factory=dict, metadata={"help": "collect.tools.ToolsConfig fields"})
-    judge: dict = field(default_factory=dict, metadata={"help": "{endpoint: name} enables the OmniGAIA LLM judge"})
-    harvest: dict = field(default_factory=lambda: {"enabled": True, "eval_share": 0.1})
-    progress: bool = True
-
-    def __post_init__(self):
-        self.roles.check_endpoints(self.endpoints)
-        if self.judge.get("endpoint") and self.judge["endpoint"] not in self.endpoints:
-            raise ValueError(f"judge.endpoint: {self.judge['endpoint']!r} is not defined under `endpoints`")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def hash(self) -> str:
-        """Hash of everything that changes what a trajectory means (not limit/progress/harvest)."""
-        d = self.to_dict()
-        for k in ("limit", "progress", "harvest", "name"):
-            d.pop(k, None)
-        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:
-    """Read a YAML recipe; unknown keys are errors that name the file and the key."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"config file not found: {p}")
-    raw = yaml.safe_load(p.read_text()) or {}
-    for k, v in (overrides or {}).items():
-        if v is not None:
-            raw[k] = v
-    known = {f.name for f in dataclasses.fields(CollectConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    try:
-        return CollectConfig(
-            **{
-                **raw,
-                "tasks": TaskSource(**(raw.get("tasks") or {})),
-                "runtime": RuntimeConfig(**(raw.get("runtime") or {})),
-                "roles": RolesConfig.from_dict(raw.get("roles") or {}),
-                "endpoints": {k: EndpointConfig(**v) for k, v in (raw.get("endpoints") or {}).items()},
-            }
-        )
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{p}: {e}") from None
 
 
 @functools.lru_cache(maxsize=4)
@@ -245,11 +166,11 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
 
     async def one(task):
         async with sem:
-            r0 = task.to_context(cfg.runtime.budget())
+            r0 = task.to_context()  # the tools' view of R0; run_task sets its budget from cfg.runtime
             roles = build_roles(task, cfg.roles, cfg.endpoints, pool)
             toolbox = ToolBox(task, r0, tools_cfg, corpus=corpus)
             try:
-                rec = await run_task(task, roles, toolbox, cfg.runtime)
+                rec = await run_task(task, roles, toolbox, cfg.runtime, config_hash=cfg.hash())
                 if rec.get("answer") is None and rec.get("outcome") in ("insufficient", "budget_exhausted"):
                     rec["answer"] = INSUFFICIENT  # Algorithm 1, lines 17 and 20: "return insufficient"
                 with usage_scope() as judge_usage:  # the answer judge's chat calls count under role "judge"
@@ -267,7 +188,6 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
                 log.exception("task %s crashed; it is retried on the next run with the same OUT", task.id)
                 bar.update(1)
                 return
-            rec["config_hash"] = cfg.hash()
             rec["correct"] = correct
             rec["judge"] = judge_info
             rec["task_meta"] = _task_meta(task)

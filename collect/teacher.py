@@ -20,6 +20,7 @@ import json
 import re
 
 from collect.actions import Action
+from collect.judges import INSUFFICIENT
 from collect.ledger import (
     PERCEPTION_TOOLS,
     SOURCE_TOOLS,
@@ -40,7 +41,6 @@ from collect.tasks import Task
 from collect.world.compute import program
 
 TEACHER_MODEL = "offline-teacher"
-INSUFFICIENT = "insufficient"
 PERCEPTION_ORDER = ("subtitle_grounding", "frame_confirm", "audio_scout", "clip_grounding")
 _NUM_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*s\s*(?:and|to|-|–)\s*(\d+(?:\.\d+)?)\s*s\b")

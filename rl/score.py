@@ -3,8 +3,9 @@
     python -m rl.score --dataset_dir DATA/rl_states --model M [--split eval] [--n 64] [--config configs/rl/X.yaml]
 
 Prints (and returns) the mean weighted total and each component (valid, gate, target, align); judged components
-skip failed judge calls (None), as in training. The judge and weights come from --config when given, else the
-offline judge and the paper weights.
+skip failed judge calls (None), as in training. The judge, weights, chat-template kwargs, model dtype and decision
+length come from --config (parsed by rl.train.parse_args like training), else from the defaults there: the offline
+judge, the paper weights and TRL's GRPOConfig/ModelConfig defaults.
 """
 
 from __future__ import annotations
@@ -37,22 +38,19 @@ def score(
     from datasets import load_from_disk
 
     from rewards import build_judge, score_components, total, use_judge
-    from rl.train import RLConfig, load_config, load_policy, render_prompts
+    from rl.train import load_config, load_policy, named_weights, render_prompts
 
-    cfg = (
-        load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": model})
-        if config
-        else RLConfig(model_name_or_path=model, dataset_dir=dataset_dir)
-    )
+    # without --config: TRL's defaults (GRPOConfig, ModelConfig), the offline judge and the paper weights
+    script, training, model_args = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": model})
     dd = load_from_disk(dataset_dir)
     if split not in dd:
         raise ValueError(f"{dataset_dir}: no split {split!r} (has {list(dd)})")
     ds = dd[split].select(range(min(n, len(dd[split]))))
-    policy, tok, _, _ = load_policy(cfg)
+    policy, tok, _, _ = load_policy(model_args)
     policy.eval()
-    texts = render_prompts(ds, tok, cfg.chat_template_kwargs)["prompt"]
-    use_judge(build_judge(cfg.judge))
-    max_new = max_new_tokens or cfg.max_completion_length
+    texts = render_prompts(ds, tok, training.chat_template_kwargs)["prompt"]
+    use_judge(build_judge(script.judge))
+    max_new = max_new_tokens or training.max_completion_length
     completions: list[str] = []
     tok.padding_side = "left"
     for i in range(0, len(texts), batch_size):
@@ -64,7 +62,7 @@ def score(
         completions += tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
     comps = asyncio.run(score_components(completions, columns))
-    totals = total(comps, cfg.reward_weights)
+    totals = total(comps, named_weights(training.reward_weights))
     from rewards.rules import parse_candidate
 
     ref_tools = [json.loads(r)["name"] for r in ds["reference_action"]]

@@ -5,13 +5,18 @@ candidate is scored by rewards.REWARD_FUNCS (valid, gate: ledger rules; target, 
 normalises within the group and applies the clipped GRPO objective with a KL penalty to the post-SFT policy.
 
     python -m rl.train --config configs/rl/tiny.yaml [--dataset_dir DATA/rl_states] [--model_name_or_path MODEL]
-                       [--output_dir OUT]
+                       [--output_dir OUT] [--learning_rate 1e-5] [--max_steps 4] [any other GRPOConfig field]
+
+Recipes are parsed like the SFT ones: ``trl.TrlParser`` reads the YAML into (RLScriptArguments, trl.GRPOConfig,
+trl.ModelConfig), so every TRL option is a recipe key and a command-line override. ``reward_weights`` may be TRL's
+list (REWARD_FUNCS order) or a mapping by reward name; LoRA is ModelConfig's ``use_peft`` + ``lora_*``.
 
 The KL reference is the post-SFT policy, never the raw base:
-  * full weights at model_name_or_path (a full-FT or merged SFT checkpoint), no ``lora``: TRL loads the reference
-    from the same path, i.e. the SFT checkpoint;
-  * full weights + a ``lora`` block: a fresh adapter on the SFT weights; TRL's reference is the model with the adapter
-    disabled = the SFT weights;
+  * full weights at model_name_or_path (a full-FT or merged SFT checkpoint), ``use_peft: false``: TRL loads the
+    reference from the same path, i.e. the SFT checkpoint, with the policy's own class (TRL would otherwise pick the
+    class named in config.architectures[0], e.g. a vision-language ConditionalGeneration class for a CausalLM policy);
+  * full weights + ``use_peft: true``: a fresh adapter on the SFT weights; TRL's reference is the model with the
+    adapter disabled = the SFT weights;
   * a LoRA adapter directory (adapter_config.json): loaded as a trainable PeftModel; TRL copies the SFT adapter into a
     frozen "ref" adapter (stack.md), which is removed before saving.
 Prompts are pre-rendered with the policy tokenizer's chat template INCLUDING each row's tools (a static dataset cannot
@@ -20,131 +25,150 @@ feed a per-row tools column to TRL's own rendering). Writes OUT (model + tokeniz
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import functools
 import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+from unittest import mock
 
-import yaml
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: models are local paths
+
+from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
 
 log = logging.getLogger("rl.train")
 
 
 @dataclass
-class RLConfig:
-    """One RL recipe (configs/rl/*.yaml). Values not set here keep TRL's defaults."""
+class RLScriptArguments:
+    """Stage options that are neither GRPO hyper-parameters (GRPOConfig) nor model options (ModelConfig)."""
 
-    model_name_or_path: str = field(
-        default="", metadata={"help": "post-SFT policy: full/merged weights or an adapter"}
+    dataset_dir: str = field(
+        default="runs/collect/rl_states", metadata={"help": "rl_states DatasetDict (save_to_disk) with a train split"}
     )
-    dataset_dir: str = field(default="", metadata={"help": "rl_states DatasetDict (save_to_disk) with a train split"})
-    output_dir: str = field(default="runs/rl", metadata={"help": "final model + tokenizer + rl_summary.json"})
     train_split: str = field(default="train", metadata={"help": "split to train on"})
     max_train_samples: int | None = field(default=None, metadata={"help": "cap the number of states (demo/debug)"})
-    # GRPO (paper F.3)
-    num_generations: int = field(default=8, metadata={"help": "G: candidate decisions per state"})
-    per_device_train_batch_size: int = field(default=8, metadata={"help": "completions per device per step"})
-    gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
-    learning_rate: float = field(default=5e-6, metadata={"help": "peak learning rate"})
-    lr_scheduler_type: str = field(default="cosine", metadata={"help": "paper: cosine decay"})
-    warmup_steps: float = field(default=0, metadata={"help": "warmup steps (int) or share of steps (float < 1)"})
-    num_train_epochs: float = field(default=5, metadata={"help": "epochs over the state pool"})
-    max_steps: int = field(default=-1, metadata={"help": ">0 overrides num_train_epochs"})
-    beta: float = field(default=0.01, metadata={"help": "KL coefficient to the post-SFT reference"})
-    epsilon: float = field(default=0.2, metadata={"help": "PPO-style clip range"})
-    loss_type: str = field(default="grpo", metadata={"help": "paper objective (TRL default is dapo)"})
-    scale_rewards: str = field(default="group", metadata={"help": "group std normalisation (paper eq. 2)"})
-    max_completion_length: int = field(default=256, metadata={"help": "tokens per sampled decision"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature for the G candidates"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling"})
-    reward_weights: dict = field(
-        default_factory=lambda: {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6},
-        metadata={"help": "alpha_1..4 of eq. 1, by reward name"},
+    judge: dict | str | None = field(
+        default_factory=lambda: {"kind": "offline"},
+        metadata={"help": "rewards.judge.JudgeConfig fields (a YAML mapping, or JSON on the command line)"},
     )
-    judge: dict = field(default_factory=lambda: {"kind": "offline"}, metadata={"help": "rewards.judge.JudgeConfig"})
-    chat_template_kwargs: dict = field(default_factory=dict, metadata={"help": "e.g. {enable_thinking: false}"})
-    lora: dict | None = field(default=None, metadata={"help": "peft.LoraConfig kwargs for a new adapter, or null"})
-    # runtime
-    use_vllm: bool = field(default=False, metadata={"help": "generate with vLLM (GPU nodes only)"})
-    vllm_mode: str = field(default="colocate", metadata={"help": "colocate | server"})
-    vllm_kwargs: dict = field(default_factory=dict, metadata={"help": "extra GRPOConfig vllm_* fields"})
-    bf16: bool = field(default=False, metadata={"help": "bf16 weights/compute (GPU)"})
-    use_cpu: bool = field(default=False, metadata={"help": "force CPU"})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "trade compute for memory"})
-    logging_steps: int = field(default=1, metadata={"help": "log every N steps"})
-    save_strategy: str = field(default="no", metadata={"help": "intermediate checkpoints"})
-    save_steps: int = field(default=500, metadata={"help": "checkpoint interval when save_strategy=steps"})
-    seed: int = field(default=0, metadata={"help": "sampling and init seed"})
-    report_to: str = field(default="none", metadata={"help": "none | tensorboard | wandb"})
-    log_completions: bool = field(default=False, metadata={"help": "TRL completions table"})
-    dtype: str = field(default="auto", metadata={"help": "model load dtype: auto | float32 | bfloat16"})
+
+    def __post_init__(self):
+        if isinstance(self.judge, str):
+            self.judge = json.loads(self.judge)
+        self.judge = dict(self.judge or {})
 
 
-def load_config(path: str | None, overrides: dict[str, Any]) -> RLConfig:
-    """YAML recipe + CLI overrides; unknown keys are an error that names the file."""
-    data = yaml.safe_load(Path(path).read_text()) if path else {}
-    data = data or {}
-    known = {f.name for f in fields(RLConfig)}
-    unknown = set(data) - known
-    if unknown:
-        raise ValueError(f"{path}: unknown RL config key(s) {sorted(unknown)}")
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    cfg = RLConfig(**data)
-    for name in ("model_name_or_path", "dataset_dir"):
-        if not getattr(cfg, name):
-            raise ValueError(f"{path}: {name} is required (set it in the recipe or pass --{name})")
-    return cfg
+class RLRecipe(NamedTuple):
+    """One parsed RL recipe: the three dataclasses TrlParser fills."""
+
+    script: RLScriptArguments
+    training: GRPOConfig
+    model: ModelConfig
+
+
+def named_weights(weights) -> dict[str, float]:
+    """reward_weights by reward name, from TRL's list (REWARD_FUNCS order), a mapping, or None (paper defaults)."""
+    from rewards import DEFAULT_WEIGHTS, REWARD_FUNCS, weights_list
+
+    if weights is None:
+        return dict(DEFAULT_WEIGHTS)
+    if isinstance(weights, dict):
+        return dict(zip(REWARD_FUNCS, weights_list(weights), strict=True))
+    if len(weights) != len(REWARD_FUNCS):
+        raise ValueError(f"reward_weights: {len(weights)} values for {len(REWARD_FUNCS)} rewards {list(REWARD_FUNCS)}")
+    return dict(zip(REWARD_FUNCS, map(float, weights), strict=True))
+
+
+def parse_args(argv: list[str] | None = None) -> RLRecipe:
+    """YAML recipe (--config) + command-line overrides. Unknown recipe keys are an error that names the file.
+
+    Without CUDA the defaults become use_cpu/fp32 before GRPOConfig validates itself (it rejects bf16 on a CPU-only
+    machine), as in sft.train; a recipe that sets bf16: true still needs `--bf16 false` there."""
+    import torch
+
+    argv = list(argv) if argv is not None else None
+    parser = TrlParser((RLScriptArguments, GRPOConfig, ModelConfig))
+    if not torch.cuda.is_available():
+        parser.set_defaults(use_cpu=True, bf16=False)
+    path = argv[argv.index("--config") + 1] if argv and "--config" in argv else None
+    try:
+        script, training, model = parser.parse_args_and_config(args=argv)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}" if path else str(e)) from None
+    # TRL wants a list in REWARD_FUNCS order; recipes may name the weights (validated either way)
+    training.reward_weights = list(named_weights(training.reward_weights).values())
+    return RLRecipe(script, training, model)
+
+
+def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> RLRecipe:
+    """parse_args for callers holding a recipe path and a few overrides ({field: value}, None = not given)."""
+    argv = ["--config", str(path)] if path else []
+    for k, v in (overrides or {}).items():
+        if v is None:
+            continue
+        if isinstance(v, list | tuple):
+            argv += [f"--{k}", *map(str, v)]
+        else:
+            argv += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+    return parse_args(argv)
 
 
 def is_adapter_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / "adapter_config.json").exists()
 
 
-def load_policy(cfg: RLConfig):
+def load_policy(model_args: ModelConfig):
     """(model, tokenizer, peft_config, how) for the post-SFT policy; see the module docstring for the three cases."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
-    path = cfg.model_name_or_path
+    path = model_args.model_name_or_path
+    if not path:
+        raise ValueError("model_name_or_path is required (set it in the recipe or pass --model_name_or_path)")
+    dtype = model_args.dtype
+    kwargs = {
+        "dtype": dtype if dtype in (None, "auto") else getattr(torch, dtype),
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }
     if is_adapter_dir(path):
         from peft import PeftConfig, PeftModel
 
-        if cfg.lora:
-            raise ValueError(f"{path} is already a LoRA adapter; remove the recipe's lora block (TRL refuses both)")
+        if model_args.use_peft:
+            raise ValueError(f"{path} is already a LoRA adapter; set use_peft: false (TRL refuses both)")
         base = PeftConfig.from_pretrained(path).base_model_name_or_path
         tok_src = path if (Path(path) / "tokenizer_config.json").exists() else base
         tok = AutoTokenizer.from_pretrained(tok_src)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
         model = PeftModel.from_pretrained(model, path, is_trainable=True)
         return model, tok, None, "sft_adapter_copied_to_ref_adapter"
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    if cfg.lora:
-        from peft import LoraConfig
-
-        return model, tok, LoraConfig(task_type="CAUSAL_LM", **cfg.lora), "new_adapter_ref_is_sft_weights"
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if model_args.use_peft:
+        return model, tok, get_peft_config(model_args), "new_adapter_ref_is_sft_weights"
     return model, tok, None, "full_ft_ref_loaded_from_sft_checkpoint"
 
 
-def render_prompts(ds, tok, chat_template_kwargs: dict):
+def render_prompts(ds, tok, chat_template_kwargs: dict | None):
     """Replace each row's message list by the policy's chat-template text with that row's tools in the header."""
+    kwargs = dict(chat_template_kwargs or {})
 
     def one(row):
         tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
         text = tok.apply_chat_template(
-            row["prompt"], tools=tools or None, add_generation_prompt=True, tokenize=False, **chat_template_kwargs
+            row["prompt"], tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
         )
         return {"prompt": text}
 
     return ds.map(one, desc="render prompts")
 
 
-def summarize(trainer, wall_s: float, cfg: RLConfig, how: str, judge_stats: dict, n_states: int) -> dict:
+def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: dict, n_states: int) -> dict:
     """Steps, wall time and per-component reward means (first/last/mean over logged steps)."""
     from rewards import REWARD_FUNCS
 
@@ -161,113 +185,90 @@ def summarize(trainer, wall_s: float, cfg: RLConfig, how: str, judge_stats: dict
         "wall_time_s": round(wall_s, 2),
         "s_per_step": round(wall_s / max(1, steps), 3),
         "n_states": n_states,
-        "num_generations": cfg.num_generations,
+        "num_generations": recipe.training.num_generations,
         "reference_policy": how,
-        "reward_weights": cfg.reward_weights,
+        "reward_weights": named_weights(recipe.training.reward_weights),
         "metrics": comp,
         "judge": judge_stats,
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description="closure-aligned decision-level GRPO (no rollouts)")
-    ap.add_argument("--config", required=True, help="RL recipe YAML (configs/rl/*.yaml)")
-    ap.add_argument("--dataset_dir", help="rl_states DatasetDict (overrides the recipe)")
-    ap.add_argument("--model_name_or_path", help="post-SFT policy (overrides the recipe)")
-    ap.add_argument("--output_dir", help="output directory (overrides the recipe)")
-    ap.add_argument("--max_steps", type=int, help="override max_steps (smoke runs)")
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cfg = load_config(
-        a.config,
-        {
-            "dataset_dir": a.dataset_dir,
-            "model_name_or_path": a.model_name_or_path,
-            "output_dir": a.output_dir,
-            "max_steps": a.max_steps,
-        },
-    )
-    _, summary = train(cfg)
-    return summary
+@contextlib.contextmanager
+def reference_built_like(policy):
+    """While GRPOTrainer is constructed, build its KL reference with the policy's own class.
+
+    TRL 1.16 creates the reference with `create_model_from_path(config._name_or_path)`, which instantiates
+    `config.architectures[0]`: for a vision-language checkpoint that is the ConditionalGeneration class while the
+    policy was loaded as a CausalLM, so the KL term would compare two different models. Passing `architecture`
+    pins the class; `build_trainer` checks the result."""
+    from trl.trainer import grpo_trainer
+
+    cls = type(policy)
+    with mock.patch.object(
+        grpo_trainer,
+        "create_model_from_path",
+        functools.partial(grpo_trainer.create_model_from_path, architecture=cls),
+    ):
+        yield cls
 
 
-def train(cfg: RLConfig):
-    """Run GRPO for one recipe; returns (trainer, summary). Writes OUT/ and OUT/rl_summary.json."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def build_trainer(recipe: RLRecipe):
+    """Data, policy, rewards and GRPOTrainer for one recipe. Returns (trainer, tokenizer, judge, how, n_states)."""
+    script, training, model_args = recipe
     # 1. data: the recorded state pool; prompts rendered with each row's tools
     from datasets import load_from_disk
 
-    dd = load_from_disk(cfg.dataset_dir)
-    if cfg.train_split not in dd:
-        raise ValueError(f"{cfg.dataset_dir}: no split {cfg.train_split!r} (has {list(dd)})")
-    ds = dd[cfg.train_split]
-    if cfg.max_train_samples:
-        ds = ds.select(range(min(cfg.max_train_samples, len(ds))))
-    model, tok, peft_config, how = load_policy(cfg)
-    ds = render_prompts(ds, tok, cfg.chat_template_kwargs)
-    log.info("%d states from %s; policy %s (%s)", len(ds), cfg.dataset_dir, cfg.model_name_or_path, how)
+    if not Path(script.dataset_dir).exists():
+        raise FileNotFoundError(f"dataset_dir {script.dataset_dir!r} does not exist: run collect.harvest first")
+    dd = load_from_disk(script.dataset_dir)
+    if script.train_split not in dd:
+        raise ValueError(f"{script.dataset_dir}: no split {script.train_split!r} (has {list(dd)})")
+    ds = dd[script.train_split]
+    if script.max_train_samples:
+        ds = ds.select(range(min(script.max_train_samples, len(ds))))
+    model, tok, peft_config, how = load_policy(model_args)
+    ds = render_prompts(ds, tok, training.chat_template_kwargs)
+    log.info("%d states from %s; policy %s (%s)", len(ds), script.dataset_dir, model_args.model_name_or_path, how)
 
     # 2. rewards: valid, gate (rules) + target, align (one judge call each candidate)
-    from rewards import REWARD_FUNCS, build_judge, use_judge, weights_list
+    from rewards import REWARD_FUNCS, build_judge, use_judge
 
-    judge = use_judge(build_judge(cfg.judge))
+    judge = use_judge(build_judge(script.judge))
 
-    # 3. GRPO with the paper's objective
-    from trl import GRPOConfig, GRPOTrainer
+    # 3. GRPO with the recipe's objective; the reference is built with the policy's class
+    from trl import GRPOTrainer
 
     from sft.lm_head import compact_lm_head_on_cpu
 
     compact_lm_head_on_cpu()  # CPU only: the policy's log-probs over completion tokens only (same loss, faster)
-    args = GRPOConfig(
-        output_dir=cfg.output_dir,
-        num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        warmup_steps=cfg.warmup_steps,
-        num_train_epochs=cfg.num_train_epochs,
-        max_steps=cfg.max_steps,
-        beta=cfg.beta,
-        epsilon=cfg.epsilon,
-        loss_type=cfg.loss_type,
-        scale_rewards=cfg.scale_rewards,
-        max_completion_length=cfg.max_completion_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        reward_weights=weights_list(cfg.reward_weights),
-        use_vllm=cfg.use_vllm,
-        vllm_mode=cfg.vllm_mode,
-        **cfg.vllm_kwargs,
-        bf16=cfg.bf16,
-        use_cpu=cfg.use_cpu,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        logging_steps=cfg.logging_steps,
-        save_strategy=cfg.save_strategy,
-        save_steps=cfg.save_steps,
-        seed=cfg.seed,
-        report_to=cfg.report_to,
-        log_completions=cfg.log_completions,
-    )
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=list(REWARD_FUNCS.values()),
-        args=args,
-        train_dataset=ds,
-        processing_class=tok,
-        peft_config=peft_config,
-    )
-    if cfg.beta and how == "full_ft_ref_loaded_from_sft_checkpoint":
-        ref_src = getattr(trainer.ref_model.config, "_name_or_path", None) if trainer.ref_model is not None else None
-        if ref_src is None or Path(ref_src).resolve() != Path(cfg.model_name_or_path).resolve():
-            raise RuntimeError(f"KL reference {ref_src!r} is not the SFT checkpoint {cfg.model_name_or_path!r}")
+    with reference_built_like(model) as policy_cls:
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=list(REWARD_FUNCS.values()),
+            args=training,
+            train_dataset=ds,
+            processing_class=tok,
+            peft_config=peft_config,
+        )
+    if training.beta and how == "full_ft_ref_loaded_from_sft_checkpoint":
+        ref = trainer.accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
+        ref_src = getattr(ref.config, "_name_or_path", None) if ref is not None else None
+        if ref_src is None or Path(ref_src).resolve() != Path(model_args.model_name_or_path).resolve():
+            raise RuntimeError(f"KL reference {ref_src!r} is not the SFT checkpoint {model_args.model_name_or_path!r}")
+        if type(ref) is not policy_cls:
+            raise RuntimeError(f"KL reference is a {type(ref).__name__}, the policy a {policy_cls.__name__}")
+    return trainer, tok, judge, how, len(ds)
 
+
+def train(recipe: RLRecipe):
+    """Run GRPO for one recipe; returns (trainer, summary). Writes OUT/ and OUT/rl_summary.json."""
+    trainer, tok, judge, how, n_states = build_trainer(recipe)
     t0 = time.time()
     trainer.train()
     wall = time.time() - t0
 
     # 4. outputs: final policy (+ tokenizer) and the run summary
-    out = Path(cfg.output_dir)
+    out = Path(recipe.training.output_dir)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     if hasattr(unwrapped, "peft_config") and "ref" in unwrapped.peft_config:
         # the frozen reference copy of the SFT adapter is not part of the trained policy: save "default" only
@@ -276,10 +277,14 @@ def train(cfg: RLConfig):
     else:
         trainer.save_model(str(out))
     tok.save_pretrained(str(out))
-    summary = summarize(trainer, wall, cfg, how, dict(judge.stats), len(ds))
-    summary["config"] = asdict(cfg)
+    summary = summarize(trainer, wall, recipe, how, dict(judge.stats), n_states)
+    summary["config"] = {
+        "script": asdict(recipe.script),
+        "model": asdict(recipe.model),
+        "grpo": recipe.training.to_dict(),
+    }
     if trainer.accelerator.is_main_process:
-        (out / "rl_summary.json").write_text(json.dumps(summary, indent=1))
+        (out / "rl_summary.json").write_text(json.dumps(summary, indent=1, default=str))
         m = summary["metrics"]
         log.info(
             "done: %d steps in %.1fs (%.2f s/step); reward means %s",
@@ -289,6 +294,12 @@ def train(cfg: RLConfig):
             {k: round(v["mean"], 3) for k, v in m.items() if k.startswith("reward")},
         )
     return trainer, summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    _, summary = train(parse_args(argv))
+    return summary
 
 
 if __name__ == "__main__":

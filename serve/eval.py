@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from collect.config import EndpointConfig
-from collect.run import RunDirError, load_config, run_collection, setup_logging
+from collect.config import EndpointConfig, load_config
+from collect.run import RunDirError, run_collection, setup_logging
 from collect.trajectory import read_trajectories
 from serve.report import write_report
 

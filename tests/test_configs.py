@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from collect.run import load_config
+from collect.config import load_config
 from collect.tools import ToolsConfig
 from serve.eval import load_eval_config
 
@@ -31,3 +31,67 @@ def test_collect_config_rejects_unknown_keys(tmp_path):
     p.write_text("splitt: test\n")
     with pytest.raises(ValueError, match="splitt"):
         load_config(p)
+
+
+# ---- one definition per value ---------------------------------------------------------------------------------------
+
+
+def test_the_collect_recipe_classes_live_in_collect_config_and_the_engine_uses_them():
+    import collect.config
+    import collect.run
+
+    for name in ("CollectConfig", "TaskSource", "load_config"):
+        assert getattr(collect.run, name, getattr(collect.config, name)) is getattr(collect.config, name)
+    assert collect.config.CollectConfig.__module__ == "collect.config"
+
+
+def test_runtime_budget_defaults_are_the_ledgers_and_observation_caps_derive_from_one_constant():
+    import inspect
+
+    from collect.config import MAX_OBSERVATION_CHARS, RuntimeConfig
+    from collect.ledger import Budget
+    from collect.roles import render
+
+    assert RuntimeConfig().budget() == Budget()
+    assert RuntimeConfig(max_steps=7).budget() == Budget(max_steps=7)
+    assert RuntimeConfig().max_observation_chars == MAX_OBSERVATION_CHARS
+    for fn in (render.render_planner_messages, render.render_critic_messages, render.render_summarizer_messages):
+        assert inspect.signature(fn).parameters["max_observation_chars"].default == MAX_OBSERVATION_CHARS
+    # the tools cap raw output above what roles are shown, so the runtime's truncation note (how much was cut) is
+    # what the planner reads
+    assert ToolsConfig().max_observation_chars > MAX_OBSERVATION_CHARS
+
+
+def test_insufficient_is_one_constant():
+    import re
+
+    defined = [
+        p.relative_to(ROOT).as_posix()
+        for p in sorted(ROOT.glob("[a-z]*/**/*.py"))
+        if ".venv" not in p.parts and re.search(r"^INSUFFICIENT\s*=", p.read_text(), re.M)
+    ]
+    assert defined == ["collect/judges.py"]
+
+
+def test_ledger_counts_blocked_finishes_once_and_keeps_the_recorded_revisions_key():
+    from collect.ledger import FinishBlocked, Ledger, initial_ledger, ledger_from_dict, reduce
+
+    assert "revisions" not in Ledger.__dataclass_fields__ and not hasattr(initial_ledger(), "revisions")
+    led = reduce(reduce(initial_ledger(), FinishBlocked("a", "not ready")), FinishBlocked("b", "not ready"))
+    d = led.to_dict()
+    assert d["blocked_finishes"] == d["revisions"] == 2
+    keys = list(d)
+    assert keys[keys.index("blocked_finishes") + 1] == "revisions"  # the recorded key order is unchanged
+    assert ledger_from_dict(d) == led
+
+
+def test_records_carry_the_engines_config_hash_written_once(tmp_path):
+    import json
+
+    from collect.run import run_collection
+
+    cfg = load_config(ROOT / "configs/collect/embedded.yaml", {"split": "test", "limit": 1, "progress": False})
+    run_collection(cfg, tmp_path)
+    meta = json.loads((tmp_path / "run_config.json").read_text())
+    recs = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert len(recs) == 1 and recs[0]["config_hash"] == meta["config_hash"] == cfg.hash()

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collect.run import load_config, run_collection
+from collect.config import load_config
+from collect.run import run_collection
 from tests.fakes import (
     FakeChatServer,
     empty,

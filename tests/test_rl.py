@@ -5,27 +5,86 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from trl import GRPOConfig, ModelConfig
 
 from rl.demo_states import build_rows, texts, write_demo_states
-from rl.train import load_config, render_prompts
+from rl.train import load_config, named_weights, parse_args, render_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def test_recipes_load_and_carry_the_paper_objective():
-    big = load_config(str(ROOT / "configs/rl/qwen3_5_27b.yaml"), {})
+    # GPU recipe on a CPU machine: GRPOConfig rejects bf16 without CUDA, so only that key is overridden here
+    big_yaml = yaml.safe_load((ROOT / "configs/rl/qwen3_5_27b.yaml").read_text())
+    assert big_yaml["bf16"] is True
+    script, big, model = load_config(str(ROOT / "configs/rl/qwen3_5_27b.yaml"), {"bf16": False})
+    assert isinstance(big, GRPOConfig) and isinstance(model, ModelConfig)
     assert (big.num_generations, big.learning_rate, big.num_train_epochs) == (8, 5e-6, 5)
     assert (big.beta, big.epsilon, big.loss_type, big.lr_scheduler_type) == (0.01, 0.2, "grpo", "cosine")
-    assert big.reward_weights == {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6}
-    assert big.use_vllm and big.vllm_mode in ("colocate", "server") and big.judge["kind"] == "openai"
-    tiny = load_config(str(ROOT / "configs/rl/tiny.yaml"), {"max_steps": 2})
+    assert big.reward_weights == [0.1, 0.1, 0.2, 0.6]  # the recipe's mapping, in REWARD_FUNCS order for TRL
+    assert named_weights(big.reward_weights) == {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6}
+    assert (
+        big.use_vllm
+        and big.vllm_mode == "server"
+        and (big.vllm_server_host, big.vllm_server_port)
+        == (
+            "0.0.0.0",
+            8000,
+        )
+    )
+    assert big.chat_template_kwargs == {"enable_thinking": False} and big.gradient_checkpointing
+    assert script.judge["kind"] == "openai" and script.judge["max_concurrency"] == 64
+    assert model.dtype == "bfloat16" and not model.use_peft
+    _, tiny, tiny_model = load_config(str(ROOT / "configs/rl/tiny.yaml"), {"max_steps": 2})
     assert tiny.use_cpu and not tiny.bf16 and tiny.beta == 0.01 and tiny.loss_type == "grpo" and tiny.max_steps == 2
+    assert tiny_model.dtype == "float32" and not tiny.gradient_checkpointing
+
+
+def test_every_trl_option_is_a_recipe_key_and_a_command_line_override(tmp_path):
+    """The Makefile's arguments plus any GRPOConfig / ModelConfig field override the recipe."""
+    script, training, model = parse_args(
+        [
+            "--config",
+            str(ROOT / "configs/rl/tiny.yaml"),
+            "--dataset_dir",
+            "D",
+            "--model_name_or_path",
+            "M",
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--learning_rate",
+            "1e-5",
+            "--num_iterations",  # a GRPOConfig field no recipe sets
+            "2",
+            "--reward_weights",
+            "0.25",
+            "0.25",
+            "0.25",
+            "0.25",
+            "--judge",
+            '{"kind": "offline", "cache_path": "c.jsonl"}',
+            "--lora_r",
+            "4",
+        ]
+    )
+    assert (script.dataset_dir, model.model_name_or_path, training.output_dir) == ("D", "M", str(tmp_path / "o"))
+    assert training.learning_rate == 1e-5 and training.num_iterations == 2 and model.lora_r == 4
+    assert training.reward_weights == [0.25] * 4 and script.judge == {"kind": "offline", "cache_path": "c.jsonl"}
+    assert training.num_generations == 4  # untouched recipe values stay
+    p = tmp_path / "r.yaml"
+    p.write_text("num_iterations: 3\nmax_train_samples: 5\nuse_peft: true\nlora_target_modules: [q_proj, v_proj]\n")
+    script, training, model = parse_args(["--config", str(p), "--output_dir", str(tmp_path / "o")])
+    assert training.num_iterations == 3 and script.max_train_samples == 5
+    assert model.use_peft and model.lora_target_modules == ["q_proj", "v_proj"]
 
 
 def test_config_rejects_unknown_keys_naming_the_file(tmp_path):
@@ -33,6 +92,22 @@ def test_config_rejects_unknown_keys_naming_the_file(tmp_path):
     p.write_text("model_name_or_path: m\ndataset_dir: d\nlearning_rat: 1\n")
     with pytest.raises(ValueError, match=r"bad\.yaml.*learning_rat"):
         load_config(str(p), {})
+    p.write_text("reward_weights: {valid: 1.0, gait: 0.0}\n")
+    with pytest.raises(ValueError, match="gait"):
+        load_config(str(p), {})
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs/rl").glob("*.yaml")), ids=lambda p: p.name)
+def test_each_recipes_report_to_integration_is_installed_by_an_extra(path):
+    """A GPU recipe must start after `make setup EXTRAS=test,gpu`: its report_to backend is in an extra."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    installed = {re.split(r"[<>=!~\[ ]", d)[0].lower() for deps in extras.values() for d in deps}
+    report_to = yaml.safe_load(path.read_text()).get("report_to", "none")
+    for backend in [report_to] if isinstance(report_to, str) else report_to:
+        assert backend in ("none", "all") or backend in installed, f"{path.name}: report_to {backend} not in an extra"
+    assert "all" != report_to  # "all" would pick up whatever happens to be installed
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +130,32 @@ def test_prompts_are_prerendered_with_each_rows_own_tools(tiny_base):
     assert isinstance(p_video, str) and p_video.endswith("<|im_start|>assistant\n")
     assert '"frame_confirm"' in p_video and '"frame_confirm"' not in p_audio
     assert '"audio_scout"' in p_audio and "In which year was the bridge" in p_video
+
+
+def test_kl_reference_has_the_policys_class_even_when_config_architectures_names_another(tiny_base, tmp_path):
+    """TRL builds the reference from config.architectures[0]; a vision-language checkpoint names its
+    ConditionalGeneration class there while the policy is loaded as a CausalLM; the reference must be that CausalLM."""
+    from rl.train import build_trainer
+
+    ckpt = tmp_path / "multimodal_named"
+    shutil.copytree(tiny_base, ckpt)
+    conf = json.loads((ckpt / "config.json").read_text())
+    conf["architectures"] = ["Qwen3ForTokenClassification"]  # another head on the same backbone
+    (ckpt / "config.json").write_text(json.dumps(conf))
+    recipe = load_config(
+        str(ROOT / "configs/rl/tiny.yaml"),
+        {
+            "model_name_or_path": str(ckpt),
+            "dataset_dir": str(write_demo_states(tmp_path / "rl_states", compact=True)),
+            "output_dir": str(tmp_path / "out"),
+            "max_steps": 1,
+        },
+    )
+    trainer, *_ = build_trainer(recipe)
+    assert type(trainer.model).__name__ == "Qwen3ForCausalLM"
+    assert type(trainer.ref_model) is type(trainer.model)
+    ref, pol = trainer.ref_model.state_dict(), trainer.model.state_dict()
+    assert ref.keys() == pol.keys() and all(torch.equal(ref[k], pol[k]) for k in pol)  # the same SFT weights
 
 
 # ---- GRPO smoke run ------------------------------------------------------------------------------------------------
@@ -117,13 +218,18 @@ def test_grpo_smoke_logs_every_component_moves_the_policy_and_keeps_the_sft_refe
     from rl.train import train
 
     sft, data, d = sft_policy
-    cfg = load_config(
+    recipe = load_config(
         str(ROOT / "configs/rl/tiny.yaml"),
-        {"model_name_or_path": str(sft), "dataset_dir": str(data), "output_dir": str(d / "out"), "max_steps": 4},
+        {
+            "model_name_or_path": str(sft),
+            "dataset_dir": str(data),
+            "output_dir": str(d / "out"),
+            "max_steps": 4,
+            "max_completion_length": 48,
+        },
     )
-    cfg.max_completion_length = 48
     t0 = time.time()
-    trainer, summary = train(cfg)
+    trainer, summary = train(recipe)
     wall = time.time() - t0
 
     logged = [h for h in trainer.state.log_history if "reward" in h]
@@ -189,18 +295,18 @@ def test_lora_sft_adapter_is_copied_to_a_frozen_ref_adapter_and_only_the_policy_
     AutoTokenizer.from_pretrained(sft).save_pretrained(adapter)
     sft_lora = {n.replace(".default", ""): p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
 
-    cfg = load_config(
+    recipe = load_config(
         str(ROOT / "configs/rl/tiny.yaml"),
         {
             "model_name_or_path": str(adapter),
             "dataset_dir": str(data),
             "output_dir": str(d / "out_lora"),
             "max_steps": 2,
+            "max_completion_length": 48,
+            "learning_rate": 1e-2,
         },
     )
-    cfg.max_completion_length = 48
-    cfg.learning_rate = 1e-2
-    trainer, summary = train(cfg)
+    trainer, summary = train(recipe)
     assert summary["reference_policy"] == "sft_adapter_copied_to_ref_adapter"
     params = dict(trainer.model.named_parameters())
     ref = {n.replace(".ref", ""): p for n, p in params.items() if ".ref." in n}

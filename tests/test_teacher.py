@@ -53,7 +53,7 @@ async def drive(task, roles, toolbox: ToolBox, max_steps: int = 15):
             ok, hint, _ = await roles.answer_critic.check(r0, led, draft, [])
             if ok:
                 led = reduce(led, AnswerAccepted(draft))
-            elif led.revisions >= r0.budget.max_revisions:
+            elif led.blocked_finishes >= r0.budget.max_revisions:
                 led = reduce(led, AnswerAccepted(draft, forced=True))
             else:
                 led = reduce(led, FinishBlocked(draft, hint))

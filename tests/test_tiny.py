@@ -133,7 +133,7 @@ def test_decision_budgets_cover_the_teachers_longest_action(tok, monkeypatch):
     assert n > 300  # really the long case
     monkeypatch.chdir(root)
     budgets = {
-        "configs/rl/tiny.yaml max_completion_length": load_config("configs/rl/tiny.yaml", {}).max_completion_length,
+        "configs/rl/tiny.yaml max_completion_length": load_config("configs/rl/tiny.yaml")[1].max_completion_length,
         "configs/eval/demo.yaml planner max_tokens": load_eval_config("configs/eval/demo.yaml").planner_endpoint[
             "max_tokens"
         ],

@@ -11,6 +11,7 @@ import json
 from functools import cache
 from pathlib import Path
 
+from collect.config import MAX_OBSERVATION_CHARS
 from collect.ledger import Ledger, NormalizedObservation, TaskContext, render_digest
 
 PROMPTS = Path(__file__).with_name("prompts")
@@ -83,7 +84,7 @@ def render_planner_messages(
     latest_observation: str | None,
     arm: str = "ledger",
     *,
-    max_observation_chars: int = 2000,
+    max_observation_chars: int = MAX_OBSERVATION_CHARS,
     summary: str = "",
     history: list[dict] | None = None,
 ) -> list[dict]:
@@ -111,7 +112,7 @@ def render_critic_messages(
     arguments: dict,
     raw_observation: str,
     observation: NormalizedObservation,
-    max_observation_chars: int = 2000,
+    max_observation_chars: int = MAX_OBSERVATION_CHARS,
 ) -> list[dict]:
     call = json.dumps({"name": tool, "arguments": arguments}, sort_keys=True, ensure_ascii=False)
     norm = json.dumps(
@@ -152,7 +153,7 @@ def render_answer_critic_messages(r0: TaskContext, ledger: Ledger, answer: str) 
 
 
 def render_summarizer_messages(
-    r0: TaskContext, summary: str, observation: str, max_chars: int, max_observation_chars: int = 2000
+    r0: TaskContext, summary: str, observation: str, max_chars: int, max_observation_chars: int = MAX_OBSERVATION_CHARS
 ) -> list[dict]:
     user = (
         f"{render_r0(r0)}\n\nCurrent summary:\n{summary or '(empty)'}\n\nNew observation:\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from collect.config import MAX_OBSERVATION_CHARS  # the runtime truncates what roles see to it
 from collect.ledger import PERCEPTION_TOOLS, NormalizedObservation, TaskContext
 from collect.tasks import Task
 from collect.tools import perception, web
@@ -52,7 +53,7 @@ class ToolsConfig:
     top_k: int = field(default=5, metadata={"help": "web results per search"})
     code_timeout_s: float = field(default=10.0, metadata={"help": "code_executor wall-clock limit"})
     code_memory_mb: int = field(default=512, metadata={"help": "code_executor memory limit"})
-    max_observation_chars: int = field(default=4000, metadata={"help": "cap on raw observation text"})
+    max_observation_chars: int = field(default=2 * MAX_OBSERVATION_CHARS, metadata={"help": "cap on raw tool output"})
 
     def __post_init__(self):
         if self.perception_backend not in ("annotations", "media"):
