@@ -22,6 +22,7 @@ from pathlib import Path
 
 from collect.actions import Action, ActionError, validate_action
 from collect.ledger import Budget, TaskContext, digest, ledger_from_dict
+from collect.trajectory import iter_trajectories
 
 
 def split_of(task_id: str, eval_share: float, seed: int = 0) -> str:
@@ -132,32 +133,26 @@ def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: floa
     tasks = {"train": set(), "eval": set()}
     actions: Counter = Counter()
     rows_per_task: dict[str, int] = {}
-    with open(trajectories_path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                traj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{trajectories_path}:{lineno}: not JSON ({e})") from None
-            if "task_id" not in traj:
-                raise ValueError(f"{trajectories_path}:{lineno}: trajectory without task_id")
-            stats["tasks_seen"] += 1
-            if traj.get("correct") is not True:
-                stats["tasks_dropped_not_correct"] += 1
-                continue
-            s_rows, r_rows = rows_from_trajectory(traj, stats)
-            if not r_rows:
-                stats["tasks_dropped_no_valid_step"] += 1
-                continue
-            split = split_of(traj["task_id"], eval_share, seed)
-            if traj["task_id"] in tasks["train"] | tasks["eval"]:
-                raise ValueError(f"{trajectories_path}:{lineno}: task {traj['task_id']!r} appears twice")
-            tasks[split].add(traj["task_id"])
-            sft[split] += s_rows
-            rl[split] += r_rows
-            rows_per_task[traj["task_id"]] = len(s_rows)
-            actions.update(json.loads(r["reference_action"])["name"] for r in r_rows)
+    if not Path(trajectories_path).is_file():
+        raise FileNotFoundError(f"trajectory file not found: {trajectories_path}")
+    skipped: list[int] = []  # broken lines: the same policy as every reader (collect.trajectory.iter_trajectories)
+    for lineno, traj in iter_trajectories(trajectories_path, skipped):
+        stats["tasks_seen"] += 1
+        if traj.get("correct") is not True:
+            stats["tasks_dropped_not_correct"] += 1
+            continue
+        s_rows, r_rows = rows_from_trajectory(traj, stats)
+        if not r_rows:
+            stats["tasks_dropped_no_valid_step"] += 1
+            continue
+        split = split_of(traj["task_id"], eval_share, seed)
+        if traj["task_id"] in rows_per_task:
+            raise ValueError(f"{trajectories_path}:{lineno}: task {traj['task_id']!r} appears twice")
+        tasks[split].add(traj["task_id"])
+        sft[split] += s_rows
+        rl[split] += r_rows
+        rows_per_task[traj["task_id"]] = len(s_rows)
+        actions.update(json.loads(r["reference_action"])["name"] for r in r_rows)
     # Rows in task-id order, not in the order concurrent tasks happened to finish: the datasets (and so SFT's
     # shuffled batches) are then a deterministic function of the trajectories.
     for rows in (*sft.values(), *rl.values()):
@@ -170,6 +165,7 @@ def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: floa
         "eval_share": eval_share,
         "seed": seed,
         "tasks_seen": stats["tasks_seen"],
+        "lines_skipped_broken": len(skipped),
         "tasks_kept": n_kept,
         "tasks_dropped_not_correct": stats["tasks_dropped_not_correct"],
         "tasks_dropped_no_valid_step": stats["tasks_dropped_no_valid_step"],
@@ -195,7 +191,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-share", type=float, default=0.1, help="share of task ids hashed into eval")
     ap.add_argument("--seed", type=int, default=0, help="salt of the task-id hash split")
     a = ap.parse_args(argv)
-    stats = harvest(a.trajectories, a.out, a.eval_share, a.seed)
+    try:
+        stats = harvest(a.trajectories, a.out, a.eval_share, a.seed)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(json.dumps(stats, indent=1))
 
 

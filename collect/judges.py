@@ -63,6 +63,8 @@ import re
 import string
 from dataclasses import dataclass
 
+from collect.ledger import INSUFFICIENT
+
 MODES = ("official", "robust")
 OMNIGAIA_JUDGE_PROMPT = (
     "Please determine if the model correctly predicted the answer.\n"
@@ -78,7 +80,6 @@ OMNIGAIA_JUDGE_PROMPT = (
 JUDGE_MAX_TOKENS = 40960
 JUDGE_EXTRA_BODY = {"chat_template_kwargs": {"enable_thinking": False, "thinking": False}}
 JUDGE_ATTEMPTS = 3  # the reference's MAX_RETRIES
-INSUFFICIENT = "insufficient"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ NEED_ROLES = ("anchor", "external_fact", "applicability", "compute")
 SOURCES = ("visual", "audio", "subtitle", "web", "computation")
 VERDICTS = ("SUFFICIENT", "INSUFFICIENT", "CONFLICTING")
 OUTCOMES = ("accepted", "repaired", "forced", "insufficient", "budget_exhausted")
+INSUFFICIENT = "insufficient"  # the answer of a run that stops without enough evidence (Algorithm 1, line 20)
 MODEL_ERROR_KINDS = (
     "unparseable",
     "unknown_tool",
@@ -796,6 +797,15 @@ def infer_target(tool: str, s: Ledger) -> int | None:
 
 def any_action_can_advance(r0: TaskContext, s: Ledger) -> bool:
     return bool(advancing_targets(r0, s))
+
+
+def useful_tools_exhausted(r0: TaskContext, s: Ledger) -> bool:
+    """The advance check with failed attempts counted: every need that could still be pursued has at least one failed
+    attempt, and every tool that serves one of them has been called in this run. A planner that has reached this
+    point and declares "insufficient" is right to stop (the loop then ends the run `insufficient`, not `forced`)."""
+    pairs = advancing_targets(r0, s)
+    called = {t for t, n in s.tool_call_counts if n > 0}
+    return all(s.needs[i].attempts > 0 and t in called for i, t in pairs)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from collect import bounds
 from collect.actions import ActionError, parse_action, validate_action
 from collect.config import RuntimeConfig
 from collect.ledger import (
+    INSUFFICIENT,
     AnswerAccepted,
     FinishBlocked,
     Ledger,
@@ -59,6 +60,7 @@ from collect.ledger import (
     reduce,
     render_digest,
     state_hash,
+    useful_tools_exhausted,
 )
 from collect.roles import render
 from collect.roles.base import Roles, Usage
@@ -305,6 +307,9 @@ async def _finish(run: _Run, draft: str) -> str | None:
         run.apply(AnswerAccepted(bounds.clean_text(answer, lim.max_value_chars), forced=True))
         return None
     if not ready(led):
+        if draft.strip().lower().rstrip(".") == INSUFFICIENT and useful_tools_exhausted(r0, led):
+            run.apply(Stop("insufficient", "the planner declared insufficient after every useful tool failed"))
+            return None
         reason = _blocked_reason(led)
         run.apply(FinishBlocked(draft, reason))
         return reason

@@ -7,6 +7,7 @@ finished task ids; a changed configuration refuses to mix into an old OUT unless
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import json
 import logging
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from collect.config import CollectConfig, EndpointConfig
-from collect.judges import INSUFFICIENT
+from collect.ledger import INSUFFICIENT
 from collect.summary import summarize
 
 log = logging.getLogger("collect")
@@ -111,19 +112,50 @@ class RunDirError(RuntimeError):
     pass
 
 
+def lock_out(out: Path) -> int:
+    """Exclusive writer lock on OUT (flock on OUT/.lock, held until `unlock_out`): a second collect process on the
+    same OUT stops with a RunDirError instead of doubling every task. The kernel drops the lock when its holder dies,
+    so a SIGKILLed run never leaves a stale lock behind."""
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirError(
+            f"{out} is being written by another collect process (pid {holder}); wait for it or use another OUT"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def unlock_out(fd: int) -> None:
+    os.close(fd)  # closing the descriptor releases the flock
+
+
 def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwrite: bool) -> set[str]:
-    """Create OUT, check that it belongs to this config, and return the task ids already finished there."""
+    """Create OUT, check that it belongs to this config, and return the task ids already finished there.
+    The caller holds the OUT lock (`lock_out`)."""
     from collect.trajectory import finished_ids
 
-    out.mkdir(parents=True, exist_ok=True)
     traj = out / "trajectories.jsonl"
     meta = out / "run_config.json"
     if overwrite:
         for p in (traj, meta, out / "summary.json"):
             p.unlink(missing_ok=True)
-    if meta.exists() and traj.exists():
-        old = json.loads(meta.read_text()).get("config_hash")
-        if old != cfg.hash() and not allow_mixed_config:
+    has_records = traj.exists() and traj.stat().st_size > 0
+    if has_records and not allow_mixed_config:
+        if not meta.exists():
+            raise RunDirError(
+                f"{out} holds trajectories but no run_config.json, so their configuration is unknown; "
+                "use a new OUT, --overwrite, or --allow-mixed-config"
+            )
+        try:
+            old = json.loads(meta.read_text(encoding="utf-8")).get("config_hash")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise RunDirError(f"{meta}: not a run_config.json written by collect ({e}); use a new OUT") from None
+        if old != cfg.hash():
             raise RunDirError(
                 f"{out} holds trajectories of another configuration (config_hash {old} != {cfg.hash()}); "
                 "use a new OUT, --overwrite, or --allow-mixed-config"
@@ -136,11 +168,7 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
 
 async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False) -> dict:
     from collect import judges
-    from collect.config import build_roles
-    from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
-    from collect.loop import run_task
-    from collect.tools import ToolBox, ToolsConfig
-    from collect.trajectory import TrajectoryWriter, read_trajectories
+    from collect.tools import ToolsConfig
 
     out = Path(out)
     # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
@@ -153,6 +181,21 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
         raise ValueError(f"tools: {e}") from None
     judges.resolve_mode(cfg.judge.get("scoring"))  # an unknown judge.scoring fails here, before OUT is touched
     await check_endpoints(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    lock = lock_out(out)  # one writer per OUT; the kernel also drops the lock if this process dies
+    try:
+        return await _run_locked(cfg, out, all_tasks, tools_cfg, allow_mixed_config, overwrite)
+    finally:
+        unlock_out(lock)
+
+
+async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, tools_cfg, allow_mixed_config, overwrite) -> dict:
+    from collect.config import build_roles
+    from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
+    from collect.loop import run_task
+    from collect.tools import ToolBox
+    from collect.trajectory import TrajectoryWriter, read_trajectories
+
     done = prepare_out(out, cfg, allow_mixed_config, overwrite)
     todo = [t for t in all_tasks if t.id not in done]
     pool = ClientPool(cfg.endpoints, concurrency=cfg.runtime.concurrency)

@@ -20,8 +20,8 @@ import json
 import re
 
 from collect.actions import Action
-from collect.judges import INSUFFICIENT
 from collect.ledger import (
+    INSUFFICIENT,
     PERCEPTION_TOOLS,
     SOURCE_TOOLS,
     Ledger,

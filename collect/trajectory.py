@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from collect.bounds import scrub_record
@@ -70,27 +71,35 @@ class TrajectoryWriter:
             os.close(fd)
 
 
-def read_trajectories(path: str | Path) -> list[dict]:
-    """All complete records. A broken line (torn write) is skipped with a warning naming file and line number."""
-    out = []
+def iter_trajectories(path: str | Path, skipped: list | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, record) of every complete record. The one torn-line policy of every reader (resume, harvest,
+    summaries): a broken line (a torn write, mid-file after a crash and a resume, or at the tail) or a line that is not
+    a trajectory record is skipped with a warning naming the file and line, and appended to `skipped`."""
     p = Path(path)
     if not p.exists():
-        return out
+        return
     with open(p, "rb") as f:
-        lines = f.read().split(b"\n")
-    for i, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as e:
-            warnings.warn(f"{p}:{i}: skipping a broken trajectory line ({e})", stacklevel=2)
-            continue
-        if not isinstance(rec, dict) or "task_id" not in rec:
-            warnings.warn(f"{p}:{i}: skipping a line that is not a trajectory record", stacklevel=2)
-            continue
-        out.append(rec)
-    return out
+        for i, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+                warnings.warn(f"{p}:{i}: skipping a broken trajectory line ({e})", stacklevel=2)
+                if skipped is not None:
+                    skipped.append(i)
+                continue
+            if not isinstance(rec, dict) or "task_id" not in rec:
+                warnings.warn(f"{p}:{i}: skipping a line that is not a trajectory record", stacklevel=2)
+                if skipped is not None:
+                    skipped.append(i)
+                continue
+            yield i, rec
+
+
+def read_trajectories(path: str | Path) -> list[dict]:
+    """All complete records (see `iter_trajectories` for the torn-line policy)."""
+    return [rec for _, rec in iter_trajectories(path)]
 
 
 def finished_ids(path: str | Path) -> set[str]:

@@ -1,0 +1,69 @@
+"""Outcome labels that follow from the ledger (issue 15 item 5): a planner that tried every useful tool, all of which
+failed, and then declares "insufficient" ends `insufficient` (failed attempts count in the advance check); one that
+declares it before trying is still blocked by the gate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from collect.config import EndpointConfig, RolesConfig, RuntimeConfig, build_roles
+from collect.ledger import Asset, TaskContext
+from collect.llm import ClientPool
+from collect.loop import ToolFailure, run_task
+from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
+
+R0 = TaskContext(task_id="o-1", question="When was the bridge opened?", assets=(Asset("v1", "video", 60.0),))
+NEEDS = {"needs": [{"need": "opening year", "preferred_source": "web", "query_focus": "bridge opened"}]}
+NOTHING = text(json.dumps({"verdict": "INSUFFICIENT", "gap_diagnosis": {"gap_type": "insufficient"}}))
+
+
+def _run(srv, **cfg):
+    async def go():
+        endpoints = {"fake": EndpointConfig(base_url=srv.base_url, model="fake", max_retries=0, timeout_s=10)}
+        pool = ClientPool(endpoints, concurrency=2)
+        roles = build_roles(R0, RolesConfig.from_dict({r: "fake" for r in RolesConfig().as_dict()}), endpoints, pool)
+        try:
+            return await run_task(R0, roles, FakeToolBox(ToolFailure), RuntimeConfig(**cfg))
+        finally:
+            await pool.close()
+
+    rec = asyncio.run(go())
+    assert srv.misses == []
+    return rec
+
+
+@pytest.fixture
+def srv():
+    with FakeChatServer() as s:
+        s.script("need_parser", text(json.dumps(NEEDS)))
+        s.default("finalizer", text("insufficient"))
+        yield s
+
+
+def test_insufficient_after_every_useful_tool_failed_ends_insufficient(srv):
+    srv.script(
+        "planner",
+        tool_call("web_search", {"query": "bridge opened", "need_index": 0}),
+        tool_call("finish", {"answer": "insufficient"}),
+    )
+    srv.script("critic", NOTHING)
+    rec = _run(srv)
+    # before: blocked twice (the gate ignored the failed attempt), then forced with the finalizer's answer
+    assert rec["outcome"] == "insufficient"
+    assert [s["action"]["name"] for s in rec["steps"]] == ["web_search", "finish"]
+    assert not any(e["kind"] == "finish_blocked" for s in rec["steps"] for e in s["events"])
+
+
+def test_insufficient_before_trying_the_useful_tool_is_still_blocked(srv):
+    srv.script(
+        "planner",
+        tool_call("finish", {"answer": "insufficient"}),
+        tool_call("finish", {"answer": "insufficient"}),
+        tool_call("finish", {"answer": "insufficient"}),
+    )
+    rec = _run(srv, max_revisions=2)
+    kinds = [e["kind"] for s in rec["steps"] for e in s["events"]]
+    assert kinds.count("finish_blocked") == 2 and rec["outcome"] == "forced"
