@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collect.world.entities import Entity, Gen
-from collect.world.vocab import ATTR_TYPES, CURRENCIES, FILLER, KINDS, a_an, attr_sentence, slugify
+from collect.world.entities import Entity, Gen, attr_sentence
+from collect.world.vocab import ATTR_TYPES, CURRENCIES, FILLER, KINDS, a_an, slugify
 
 
 def entity_docs(

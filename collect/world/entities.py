@@ -119,3 +119,22 @@ class Gen:
         }
         self.corpus.append(doc)
         return doc
+
+
+def attr_sentence(e: Entity, attr: str, v: str | None = None, name: str | None = None) -> str:
+    k = KINDS[e.kind]
+    n = name or e.name
+    v = v if v is not None else e.attrs[attr]
+    return {
+        "founded_year": f"{n} {k['founded']} in {v}.",
+        "milestone_year": f"{n} {k['milestone']} in {v}.",
+        "opened_date": f"{n} {k['opened']} on {v}.",
+        "date2": f"{n} {k['date2']} on {v}.",
+        "price": f"The price of {k['price']} from {n} is {v}.",
+        "length": f"The length of {k['length']} of {n} is {v}.",
+        "ext": f"The length of {k['ext']} of {n} is {v}.",
+        "count": f"The number of {k['count']} at {n} is {v}.",
+        "per_unit": f"The number of {k['per_unit']} at {n} is {v}.",
+        "leader": f"The {k['leader']} of {n} is {v}.",
+        "place": f"The {k['place']} of {n} is {v}.",
+    }[attr]

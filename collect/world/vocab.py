@@ -6,11 +6,6 @@ Pure data and pure string functions: nothing here draws from the random stream.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from collect.world.entities import Entity
-
 ONSETS = ["K", "V", "Th", "Br", "D", "M", "Qu", "Sel", "Or", "Hal", "T", "Gr", "L", "F", "Ash", "Wren", "Cal", "N"]
 MIDS = ["el", "ar", "or", "ul", "en", "ir", "aw", "oth", "im", "ess", "and", "ov"]
 CODAS = ["mora", "holt", "wick", "fen", "dale", "stead", "mere", "ford", "by", "ton", "ridge", "vale", "more", "ley"]
@@ -288,25 +283,6 @@ def a_an(noun: str) -> str:
 
 def slugify(s: str) -> str:
     return "".join(c.lower() if c.isalnum() else "-" for c in s).strip("-")
-
-
-def attr_sentence(e: Entity, attr: str, v: str | None = None, name: str | None = None) -> str:
-    k = KINDS[e.kind]
-    n = name or e.name
-    v = v if v is not None else e.attrs[attr]
-    return {
-        "founded_year": f"{n} {k['founded']} in {v}.",
-        "milestone_year": f"{n} {k['milestone']} in {v}.",
-        "opened_date": f"{n} {k['opened']} on {v}.",
-        "date2": f"{n} {k['date2']} on {v}.",
-        "price": f"The price of {k['price']} from {n} is {v}.",
-        "length": f"The length of {k['length']} of {n} is {v}.",
-        "ext": f"The length of {k['ext']} of {n} is {v}.",
-        "count": f"The number of {k['count']} at {n} is {v}.",
-        "per_unit": f"The number of {k['per_unit']} at {n} is {v}.",
-        "leader": f"The {k['leader']} of {n} is {v}.",
-        "place": f"The {k['place']} of {n} is {v}.",
-    }[attr]
 
 
 def attr_focus(kind: str, attr: str) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collect.tasks import GoldNeed
 from collect.world.corpus import entity_docs
-from collect.world.entities import Entity, Gen
+from collect.world.entities import Entity, Gen, attr_sentence
 from collect.world.media import anchor_need, video_asset
-from collect.world.vocab import ATTR_TYPES, CURRENCIES, KINDS, attr_focus, attr_question, attr_sentence, slugify
+from collect.world.vocab import ATTR_TYPES, CURRENCIES, KINDS, attr_focus, attr_question, slugify
 
 
 def build(g: Gen, e: Entity, decoys: list[str]):
