@@ -134,9 +134,3 @@ def validate_action(action: Action, tools: list[dict]) -> None:
     except jsonschema.ValidationError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise ActionError("bad_arguments", f"{action.name}.{path}: {e.message}") from None
-
-
-def parse_and_validate(text: str | None, tool_calls: list | None, tools: list[dict]) -> Action:
-    a = parse_action(text, tool_calls)
-    validate_action(a, tools)
-    return a

@@ -11,6 +11,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,6 +128,63 @@ class RuntimeConfig:
         return Budget(self.max_steps, self.max_revisions, self.unfillable_after)
 
 
+# The benchmarks' own hosting: searching them would leak gold answers.
+DEFAULT_BLOCKED_DOMAINS = (
+    "huggingface.co/datasets/RUC-NLPIR/OmniGAIA",
+    "huggingface.co/datasets/OmniGAIA",
+    "huggingface.co/datasets/honglyhly/WorldSense",
+    "huggingface.co/datasets/WorldSense",
+    "github.com/RUC-NLPIR/OmniGAIA",
+    "github.com/OmniGAIA",
+    "jaaackhong.github.io/WorldSense",
+    "omnigaia.github.io",
+)
+
+
+@dataclass
+class ToolsConfig:
+    perception_backend: str = field(default="annotations", metadata={"help": "annotations | media"})
+    media_base_url: str = field(default="", metadata={"help": "OpenAI-compatible multimodal endpoint base URL"})
+    media_model: str = field(default="", metadata={"help": "model name at the multimodal endpoint"})
+    media_api_key_env: str = field(default="MEDIA_API_KEY", metadata={"help": "env var holding the endpoint key"})
+    media_root: str | None = field(default=None, metadata={"help": "directory that relative asset paths are under"})
+    media_timeout_s: float = field(default=120.0, metadata={"help": "per-request timeout of the perception call"})
+    frames_per_range: int = field(default=8, metadata={"help": "frames sampled from a requested time range"})
+    perception_top_k: int = field(default=4, metadata={"help": "annotation entries returned per perception call"})
+    web_backend: str = field(default="bm25", metadata={"help": "bm25 (local corpus) | http (search provider)"})
+    web_provider_url: str = field(default="", metadata={"help": "Serper-style search endpoint (POST JSON)"})
+    web_api_key_env: str = field(default="SEARCH_API_KEY", metadata={"help": "env var holding the provider key"})
+    web_fetch_pages: int = field(default=0, metadata={"help": "http backend: fetch the text of the top N pages"})
+    blocked_domains: tuple[str, ...] = field(
+        default=DEFAULT_BLOCKED_DOMAINS, metadata={"help": "hosts or host/path prefixes dropped from web results"}
+    )
+    top_k: int = field(default=5, metadata={"help": "web results per search"})
+    code_timeout_s: float = field(default=10.0, metadata={"help": "code_executor wall-clock limit"})
+    code_memory_mb: int = field(default=512, metadata={"help": "code_executor memory limit"})
+    max_observation_chars: int = field(default=2 * MAX_OBSERVATION_CHARS, metadata={"help": "cap on raw tool output"})
+
+    def __post_init__(self):
+        if self.perception_backend not in ("annotations", "media"):
+            raise ValueError(f"ToolsConfig.perception_backend: {self.perception_backend!r} is not annotations|media")
+        if self.web_backend not in ("bm25", "http"):
+            raise ValueError(f"ToolsConfig.web_backend: {self.web_backend!r} is not bm25|http")
+        if self.perception_backend == "media" and not (self.media_base_url and self.media_model):
+            raise ValueError("ToolsConfig.media_base_url and media_model are required for perception_backend=media")
+        if self.web_backend == "http" and not self.web_provider_url:
+            raise ValueError("ToolsConfig.web_provider_url is required for web_backend=http")
+        if self.frames_per_range < 1 or self.top_k < 1 or self.max_observation_chars < 100:
+            raise ValueError(
+                f"ToolsConfig: frames_per_range/top_k must be >= 1 and max_observation_chars >= 100 "
+                f"(got {self.frames_per_range}, {self.top_k}, {self.max_observation_chars})"
+            )
+        if self.code_timeout_s <= 0 or self.code_memory_mb < 16 or self.media_timeout_s <= 0:
+            raise ValueError(
+                f"ToolsConfig: code_timeout_s and media_timeout_s must be > 0 and code_memory_mb >= 16 "
+                f"(got {self.code_timeout_s}, {self.media_timeout_s}, {self.code_memory_mb})"
+            )
+        self.blocked_domains = tuple(self.blocked_domains)
+
+
 @dataclass
 class TaskSource:
     """Where tasks come from: the embedded world (default), a task file in the schema, or a benchmark loader."""
@@ -158,6 +217,8 @@ class CollectConfig:
     progress: bool = True
 
     def __post_init__(self):
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit: must be >= 1 (omit it to run every task), got {self.limit}")
         self.roles.check_endpoints(self.endpoints)
         if self.judge.get("endpoint") and self.judge["endpoint"] not in self.endpoints:
             raise ValueError(f"judge.endpoint: {self.judge['endpoint']!r} is not defined under `endpoints`")
@@ -173,31 +234,100 @@ class CollectConfig:
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+class ConfigError(ValueError):
+    """A recipe that cannot be used; the message names the file and the field (the CLI exits 2)."""
+
+
+def _describe(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _coerce(value, hint, where: str):
+    """`value` checked against the type hint `hint` (ints stay ints: YAML's "5" is not a limit of 5); nested
+    dataclasses are built from mappings. Raises ConfigError naming `where`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(hint):
+        return from_mapping(hint, value, where)
+    if hint is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {_describe(value)}")
+    if hint is int and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected an integer, got {_describe(value)}")
+    if hint is float:
+        if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+            raise ConfigError(f"{where}: expected a number, got {_describe(value)}")
+        return float(value)
+    if hint is str and not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {_describe(value)}")
+    if origin is tuple:
+        if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
+            raise ConfigError(f"{where}: expected a list of strings, got {_describe(value)}")
+        return tuple(value)
+    if hint is dict or origin is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {_describe(value)}")
+        if args and dataclasses.is_dataclass(args[1]):
+            return {str(k): from_mapping(args[1], v, f"{where}.{k}") for k, v in value.items()}
+    return value
+
+
+def from_mapping(cls, raw, where: str):
+    """Build dataclass `cls` from a YAML mapping: unknown keys, wrong types and out-of-range values are ConfigErrors
+    that name the field (`where.key`)."""
+    if raw is None:
+        raw = {}
+    if isinstance(raw, cls):
+        return raw
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {_describe(raw)}")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in fields(cls) if f.init]
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {known}")
+    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in raw.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:
-    """Read a YAML recipe; unknown keys are errors that name the file and the key."""
+    """Read a YAML recipe. Every problem (a missing file, YAML syntax, text that is not UTF-8, a key that does not
+    exist, a value of the wrong type or out of range) is a ConfigError naming the file and the field."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"config file not found: {p}")
-    raw = yaml.safe_load(p.read_text()) or {}
+    try:
+        raw = yaml.safe_load(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text ({e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{p}: YAML syntax error{at}: {getattr(e, 'problem', None) or e}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping of config keys at the top level, got {type(raw).__name__}")
     for k, v in (overrides or {}).items():
         if v is not None:
             raw[k] = v
-    known = {f.name for f in dataclasses.fields(CollectConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
     try:
-        return CollectConfig(
-            **{
-                **raw,
-                "tasks": TaskSource(**(raw.get("tasks") or {})),
-                "runtime": RuntimeConfig(**(raw.get("runtime") or {})),
-                "roles": RolesConfig.from_dict(raw.get("roles") or {}),
-                "endpoints": {k: EndpointConfig(**v) for k, v in (raw.get("endpoints") or {}).items()},
-            }
-        )
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{p}: {e}") from None
+        cfg = from_mapping(CollectConfig, raw, "")
+        from_mapping(ToolsConfig, cfg.tools, "tools")  # validated here; the engine builds it again per run
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    return cfg
 
 
 def build_roles(task, roles_cfg: RolesConfig, endpoints: dict[str, EndpointConfig], client_pool: ClientPool) -> Roles:

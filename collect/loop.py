@@ -65,14 +65,8 @@ from collect.ledger import (
 from collect.roles import render
 from collect.roles.base import Roles, Usage
 from collect.roles.openai_roles import CRITIC_ERROR_GAP
+from collect.tools import ToolFailure
 from collect.trajectory import config_hash as hash_configs
-
-try:  # the real tools package is written in parallel; its ToolFailure is the exception tools raise
-    from collect.tools import ToolFailure
-except ImportError:  # pragma: no cover - until collect/tools exists
-
-    class ToolFailure(Exception):  # type: ignore[no-redef]
-        """Stand-in until collect.tools defines it: a tool that could not produce an observation."""
 
 
 def _task_parts(task_or_r0) -> tuple[TaskContext, str | None]:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collect.config import CollectConfig, EndpointConfig
+from collect.config import CollectConfig, EndpointConfig, ToolsConfig, from_mapping
 from collect.ledger import INSUFFICIENT
 from collect.summary import summarize
 
@@ -168,17 +168,13 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
 
 async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False) -> dict:
     from collect import judges
-    from collect.tools import ToolsConfig
 
     out = Path(out)
     # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
     all_tasks = load_task_list(cfg)
     if not all_tasks:
         raise ValueError(f"no tasks selected (source={cfg.tasks.kind}, split={cfg.split}, limit={cfg.limit})")
-    try:
-        tools_cfg = ToolsConfig(**cfg.tools)
-    except TypeError as e:
-        raise ValueError(f"tools: {e}") from None
+    tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
     judges.resolve_mode(cfg.judge.get("scoring"))  # an unknown judge.scoring fails here, before OUT is touched
     await check_endpoints(cfg)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from collect.bounds import json_depth
 from collect.ledger import ALL_TOOLS, Asset, Budget, TaskContext
 
 ANSWER_FORMATS = {
@@ -254,13 +255,20 @@ def task_error(path: str | Path, pos: str, task_id: Any, err: ValidationError) -
     return TaskFileError(f"{path}: {pos}: task id {task_id!r}: field {_describe(err)}")
 
 
+MAX_TASK_DEPTH = 32  # a task nests about 5 levels (task -> assets -> annotations -> entry -> span)
+
+
 def load_tasks(path: str | Path) -> list[Task]:
     """Read tasks from a JSON list or a JSONL file (one task object per line)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise TaskFileError(f"{path}: cannot read task file: {e}") from None
+    except UnicodeDecodeError as e:
+        raise TaskFileError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
+    if json_depth(text) > MAX_TASK_DEPTH:
+        raise TaskFileError(f"{path}: JSON nested deeper than {MAX_TASK_DEPTH} levels; not a task file")
     stripped = text.strip()
     records: list[tuple[str, Any]] = []  # (position, record)
     if stripped.startswith("["):

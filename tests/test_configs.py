@@ -70,7 +70,7 @@ def test_insufficient_is_one_constant():
         for p in sorted(ROOT.glob("[a-z]*/**/*.py"))
         if ".venv" not in p.parts and re.search(r"^INSUFFICIENT\s*=", p.read_text(), re.M)
     ]
-    assert defined == ["collect/judges.py"]
+    assert defined == ["collect/ledger.py"]
 
 
 def test_ledger_counts_blocked_finishes_once_and_keeps_the_recorded_revisions_key():

@@ -6,70 +6,16 @@ records them as a ToolError event and continues. Results that simply contain not
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-
-from collect.config import MAX_OBSERVATION_CHARS  # the runtime truncates what roles see to it
+from collect.config import DEFAULT_BLOCKED_DOMAINS, ToolsConfig  # ToolsConfig lives with the other runtime configs
 from collect.ledger import PERCEPTION_TOOLS, NormalizedObservation, TaskContext
 from collect.tasks import Task
 from collect.tools import perception, web
 
 __all__ = ["DEFAULT_BLOCKED_DOMAINS", "ToolBox", "ToolFailure", "ToolsConfig", "tool_schemas"]
 
-# The benchmarks' own hosting: searching them would leak gold answers.
-DEFAULT_BLOCKED_DOMAINS = (
-    "huggingface.co/datasets/RUC-NLPIR/OmniGAIA",
-    "huggingface.co/datasets/OmniGAIA",
-    "huggingface.co/datasets/honglyhly/WorldSense",
-    "huggingface.co/datasets/WorldSense",
-    "github.com/RUC-NLPIR/OmniGAIA",
-    "github.com/OmniGAIA",
-    "jaaackhong.github.io/WorldSense",
-    "omnigaia.github.io",
-)
-
 
 class ToolFailure(Exception):
     """A tool call that failed on the tool side (recorded as a ToolError event, never crashes the loop)."""
-
-
-@dataclass
-class ToolsConfig:
-    perception_backend: str = field(default="annotations", metadata={"help": "annotations | media"})
-    media_base_url: str = field(default="", metadata={"help": "OpenAI-compatible multimodal endpoint base URL"})
-    media_model: str = field(default="", metadata={"help": "model name at the multimodal endpoint"})
-    media_api_key_env: str = field(default="MEDIA_API_KEY", metadata={"help": "env var holding the endpoint key"})
-    media_root: str | None = field(default=None, metadata={"help": "directory that relative asset paths are under"})
-    media_timeout_s: float = field(default=120.0, metadata={"help": "per-request timeout of the perception call"})
-    frames_per_range: int = field(default=8, metadata={"help": "frames sampled from a requested time range"})
-    perception_top_k: int = field(default=4, metadata={"help": "annotation entries returned per perception call"})
-    web_backend: str = field(default="bm25", metadata={"help": "bm25 (local corpus) | http (search provider)"})
-    web_provider_url: str = field(default="", metadata={"help": "Serper-style search endpoint (POST JSON)"})
-    web_api_key_env: str = field(default="SEARCH_API_KEY", metadata={"help": "env var holding the provider key"})
-    web_fetch_pages: int = field(default=0, metadata={"help": "http backend: fetch the text of the top N pages"})
-    blocked_domains: tuple[str, ...] = field(
-        default=DEFAULT_BLOCKED_DOMAINS, metadata={"help": "hosts or host/path prefixes dropped from web results"}
-    )
-    top_k: int = field(default=5, metadata={"help": "web results per search"})
-    code_timeout_s: float = field(default=10.0, metadata={"help": "code_executor wall-clock limit"})
-    code_memory_mb: int = field(default=512, metadata={"help": "code_executor memory limit"})
-    max_observation_chars: int = field(default=2 * MAX_OBSERVATION_CHARS, metadata={"help": "cap on raw tool output"})
-
-    def __post_init__(self):
-        if self.perception_backend not in ("annotations", "media"):
-            raise ValueError(f"ToolsConfig.perception_backend: {self.perception_backend!r} is not annotations|media")
-        if self.web_backend not in ("bm25", "http"):
-            raise ValueError(f"ToolsConfig.web_backend: {self.web_backend!r} is not bm25|http")
-        if self.perception_backend == "media" and not (self.media_base_url and self.media_model):
-            raise ValueError("ToolsConfig.media_base_url and media_model are required for perception_backend=media")
-        if self.web_backend == "http" and not self.web_provider_url:
-            raise ValueError("ToolsConfig.web_provider_url is required for web_backend=http")
-        if self.frames_per_range < 1 or self.top_k < 1 or self.max_observation_chars < 100:
-            raise ValueError(
-                f"ToolsConfig: frames_per_range/top_k must be >= 1 and max_observation_chars >= 100 "
-                f"(got {self.frames_per_range}, {self.top_k}, {self.max_observation_chars})"
-            )
-        self.blocked_domains = tuple(self.blocked_domains)
 
 
 _NEED_INDEX = {"type": "integer", "minimum": 0, "description": "index of the evidence need this call targets"}
@@ -310,8 +256,3 @@ class ToolBox:
             items=items,
             error=None if ok else status + (f": {res.stderr[-300:]}" if res.stderr else ""),
         )
-
-
-def env_key_present(name: str) -> bool:
-    """Whether the env var named in config holds a key (never returns or logs the key itself)."""
-    return bool(os.environ.get(name))
