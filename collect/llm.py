@@ -183,9 +183,14 @@ def redact(text: object) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+# How OpenAI, vLLM and serve.local word a 400 for a prompt that does not fit the model's context.
+_CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length")
+
+
 class ChatError(RuntimeError):
     """A chat call that failed for good (non-retryable status, retries exhausted, or past its deadline). `kind` is
-    the last fault (or "status"); `detail` is redacted; `usage` holds what the failed call cost (retries, faults)."""
+    the last fault, "context_length" (a 400 for a prompt over the model's context) or "status"; `detail` is
+    redacted; `usage` holds what the failed call cost (retries, faults)."""
 
     def __init__(self, kind: str, detail: str, usage: Usage):
         detail = redact(detail)
@@ -347,7 +352,8 @@ class ChatClient:
                     if isinstance(exc, openai.APIStatusError):
                         # `from None`: the original exception's text may echo the key; only the redacted one travels
                         detail = f"HTTP {exc.status_code} from {self.cfg.base_url}: {exc}"
-                        raise ChatError("status", detail, usage) from None
+                        over = exc.status_code == 400 and any(m in str(exc).lower() for m in _CONTEXT_MARKERS)
+                        raise ChatError("context_length" if over else "status", detail, usage) from None
                     raise
                 usage.fault(kind)
                 if attempt >= self.cfg.max_retries:

@@ -62,6 +62,7 @@ from collect.ledger import (
     state_hash,
     useful_tools_exhausted,
 )
+from collect.llm import ChatError
 from collect.roles import render
 from collect.roles.base import Roles, Usage
 from collect.roles.openai_roles import CRITIC_ERROR_GAP
@@ -162,7 +163,15 @@ async def run_task(
         messages = render.render_planner_messages(
             r0, ledger_before, latest, cfg.arm, max_observation_chars=max_obs, summary=summary, history=history
         )
-        reply = await roles.planner.decide(messages, tools, r0=r0, ledger=ledger_before)
+        try:
+            reply = await roles.planner.decide(messages, tools, r0=r0, ledger=ledger_before)
+        except ChatError as e:
+            if e.kind != "context_length":
+                raise  # transport failures end the task (the engine retries it on the next run)
+            run.account("planner", e.usage)  # the prompt outgrew the model (react history): a budget, not a fault
+            run.apply(Stop("budget_exhausted", "the planner prompt exceeds the model's context"))
+            final_events, run.step_events = run.step_events, []
+            break
         run.account("planner", reply.usage)
         reply_chars = len(reply.text or "") + bounds.text_size(reply.tool_calls)
         oversized = reply_chars > lim.max_reply_chars

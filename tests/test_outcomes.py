@@ -67,3 +67,15 @@ def test_insufficient_before_trying_the_useful_tool_is_still_blocked(srv):
     rec = _run(srv, max_revisions=2)
     kinds = [e["kind"] for s in rec["steps"] for e in s["events"]]
     assert kinds.count("finish_blocked") == 2 and rec["outcome"] == "forced"
+
+
+def test_a_prompt_over_the_models_context_ends_the_run_as_budget_exhausted_not_an_error(srv):
+    from tests.fakes import Reply
+
+    over = {
+        "error": {"message": "This model's maximum context length is 4096 tokens", "code": "context_length_exceeded"}
+    }
+    srv.script("planner", Reply(status=400, raw_body=json.dumps(over)))
+    rec = _run(srv)  # before: ChatError("status") escaped run_task and the task was retried forever
+    assert rec["outcome"] == "budget_exhausted" and rec["steps"] == []
+    assert rec["final_events"][-1]["reason"] == "the planner prompt exceeds the model's context"
