@@ -62,6 +62,13 @@ class SFTScriptArguments:
         default="causal_lm",
         metadata={"help": "causal_lm (AutoModelForCausalLM) or qwen3_omni_thinker (the Omni thinker, text only)"},
     )
+    lora_exclude_modules: str | None = field(
+        default=None,
+        metadata={
+            "help": "regex (PEFT exclude_modules, matched against full module names) of modules LoRA must not touch "
+            "even when their names are in lora_target_modules, e.g. the Omni thinker's audio / vision towers"
+        },
+    )
     chat_template_kwargs: str | None = field(
         default=None,
         metadata={
@@ -272,6 +279,17 @@ def lora_module_names(model) -> list[str]:
     return sorted(n[len(ADAPTER_PREFIX) :] if n.startswith(ADAPTER_PREFIX) else n for n in names)
 
 
+def peft_config(model_args: ModelConfig, script_args: SFTScriptArguments):
+    """TRL's LoraConfig from the recipe, plus `exclude_modules`. Why exclusion and not a target regex: for MoE models
+    (the Omni thinker), PEFT 0.21 resolves a regex target_modules into bare module names before matching
+    (peft.utils.transformers_weight_conversion._convert_peft_config_moe), so a regex naming only the text layers still
+    lands on the audio tower's q/k/v; exclude_modules is applied as given."""
+    config = get_peft_config(model_args)
+    if config is not None and script_args.lora_exclude_modules:
+        config.exclude_modules = script_args.lora_exclude_modules
+    return config
+
+
 def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: ModelConfig):
     """Steps 2-4: device setup, base model (tiny build if asked), dataset, SFTTrainer. Returns (trainer, dataset)."""
     out = Path(training_args.output_dir)
@@ -302,7 +320,7 @@ def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, mod
         train_dataset=dataset["train"],
         eval_dataset=dataset.get("eval") if training_args.eval_strategy != "no" else None,
         processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),  # None unless use_peft
+        peft_config=peft_config(model_args, script_args),  # None unless use_peft
     )
     return trainer, dataset
 
