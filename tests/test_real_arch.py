@@ -216,6 +216,17 @@ def test_qwen3_5_recipe_lora_step_merge_reload_generate_in_the_layout_vllm_loads
     b = [p for n, p in vl.named_parameters() if "lora_B" in n]
     assert len(b) == sum(expected.values()) and all(p.abs().sum() > 0 for p in b)
 
+    # serve.vllm serves OUT/vllm_adapter and refuses OUT itself (training names: vLLM would skip every module)
+    from serve.vllm import VLLMServeConfig, build_vllm_command
+
+    def serve(path):
+        cfg = VLLMServeConfig(model=str(base), family="qwen3.5", layout="lora", lora_modules={"p": str(path)})
+        return build_vllm_command(cfg)
+
+    with pytest.raises(ValueError, match="vllm_adapter"):
+        serve(out)
+    assert f"p={adapter}" in serve(adapter)
+
     # -- merged: exactly the base checkpoint's tensor names, its architecture and config; towers untouched
     merged = out / "merged"
     assert set(checkpoint_keys(merged)) == set(checkpoint_keys(base))
