@@ -123,7 +123,9 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
         ledger = st.get("ledger_before") or {}
         rl.append(
             {
-                "prompt": prompt,
+                # the recorded messages as they were (wire form): rl/train.py renders them itself (Arrow-inferred
+                # column, see _features); only react-arm prompts carry tool calls
+                "prompt": st["planner_input"]["messages"],
                 "tools": tools_json,
                 "tool_names": [t.get("function", t)["name"] for t in tools],
                 "reference_action": json.dumps(action.to_dict(), ensure_ascii=False),
@@ -150,15 +152,16 @@ def message_features():
 
 
 def _features(name: str):
-    from datasets import Features, List, Value
+    """Explicit Arrow types of the SFT rows; RL states keep datasets' inferred types: rl/train.py replaces the
+    `prompt` column by rendered text with `Dataset.map`, which keeps a column's declared type (a Json list would turn
+    the text into a list of characters)."""
+    from datasets import Features, Value
 
+    if name != "sft":
+        return None
     s = Value("string")
-    if name == "sft":
-        cols = {"prompt": message_features(), "completion": message_features(), "tools": s, "task_id": s}
-        return Features({**cols, "step": Value("int64"), "kind": s})
-    cols = {"prompt": message_features(), "tools": s, "tool_names": List(s), "reference_action": s, "ledger": s}
-    cols |= {"digest": s, "question": s, "gold_answer": s, "task_id": s}
-    return Features({**cols, "step": Value("int64")})
+    cols = {"prompt": message_features(), "completion": message_features(), "tools": s, "task_id": s}
+    return Features({**cols, "step": Value("int64"), "kind": s})
 
 
 def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:
