@@ -376,7 +376,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "last_loss": losses[-1]["loss"] if losses else None,
         "losses": losses,
         "eval": metrics,
-        # evaluation passes over the eval split during the run: 1 when eval is on (the Trainer's last one is reused)
+        # eval passes logged during the run (periodic ones included); the final one is never repeated, so a
+        # 1-step run has exactly 1
         "eval_passes": sum(1 for h in trainer.state.log_history if "eval_loss" in h),
         "export": export,
         "device": "cuda" if torch.cuda.is_available() and not training_args.use_cpu else "cpu",
