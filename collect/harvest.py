@@ -6,7 +6,9 @@ Writes DATA/sft and DATA/rl_states (datasets.save_to_disk DatasetDicts with trai
 DATA/sft.{train,eval}.jsonl and DATA/rl_states.{train,eval}.jsonl, and DATA/harvest_stats.json.
 
 Rules (why): only judged-correct trajectories (`"correct": true`) teach the planner; each SFT prompt is the recorded
-`planner_input.messages` unchanged, so training sees byte-for-byte what the planner saw at collection time; only steps
+`planner_input.messages` (tool-call arguments decoded to mappings, as vLLM does before templating), so training sees
+what the planner saw at collection time; tool calls carry `arguments` as a mapping, the form every real chat template
+renders (Qwen3.5 iterates `arguments|items`), stored in Arrow as JSON (`message_features`); only steps
 whose recorded action is non-null and valid against that step's tool schemas become rows; train/eval are split by a
 hash of the task id so no task is in both.
 """
@@ -33,9 +35,36 @@ def split_of(task_id: str, eval_share: float, seed: int = 0) -> str:
 
 
 def _tool_call(action: Action) -> dict:
-    # arguments as a JSON string (Arrow-safe); the chat template renders it verbatim -> Action.to_text()
-    arguments = json.dumps(action.arguments, ensure_ascii=False)
-    return {"type": "function", "function": {"name": action.name, "arguments": arguments}}
+    """The completion's tool call with `arguments` as a mapping: what the Qwen2.5/Qwen3/Qwen3.5/Qwen3-Omni and
+    hermes-style chat templates iterate (`arguments|items`) or render (`arguments|tojson`)."""
+    return {"type": "function", "function": {"name": action.name, "arguments": dict(action.arguments)}}
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates expect them: assistant `tool_calls[].function.arguments` decoded from the OpenAI
+    wire form (a JSON string) into a mapping, everything else unchanged. vLLM's chat endpoint does the same before it
+    applies the template (vllm/entrypoints/chat_utils.py `_postprocess_messages`), so this is what the model saw when
+    the planner was served; a string would crash Qwen3.5's template (`arguments|items`). Arguments that are not a
+    JSON object stay as given (a template renders them verbatim or rejects them)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if not calls:
+            out.append(m)
+            continue
+        fixed = []
+        for tc in calls:
+            f = tc.get("function") if isinstance(tc, dict) else None
+            if isinstance(f, dict) and isinstance(f.get("arguments"), str):
+                try:
+                    args = json.loads(f["arguments"]) if f["arguments"].strip() else {}
+                except json.JSONDecodeError:
+                    args = None
+                if isinstance(args, dict):
+                    tc = {**tc, "function": {**f, "arguments": args}}
+            fixed.append(tc)
+        out.append({**m, "tool_calls": fixed})
+    return out
 
 
 def _digest_json(traj: dict, step: dict, ledger_dict: dict) -> str:
@@ -60,7 +89,7 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
     if np_.get("input", {}).get("messages") and np_.get("needs") is not None:
         sft.append(
             {
-                "prompt": np_["input"]["messages"],
+                "prompt": template_messages(np_["input"]["messages"]),
                 "completion": [{"role": "assistant", "content": json.dumps(np_["needs"], ensure_ascii=False)}],
                 "tools": "[]",
                 "task_id": task_id,
@@ -80,7 +109,7 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
             stats["steps_invalid_action"] += 1
             print(f"harvest: task {task_id} step {st.get('t')}: skipped invalid action ({e})", file=sys.stderr)
             continue
-        prompt = st["planner_input"]["messages"]
+        prompt = template_messages(st["planner_input"]["messages"])
         tools_json = json.dumps(tools, ensure_ascii=False)
         sft.append(
             {
@@ -95,7 +124,9 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
         ledger = st.get("ledger_before") or {}
         rl.append(
             {
-                "prompt": prompt,
+                # the recorded messages as they were (wire form): rl/train.py renders them itself (Arrow-inferred
+                # column, see _features); only react-arm prompts carry tool calls
+                "prompt": st["planner_input"]["messages"],
                 "tools": tools_json,
                 "tool_names": [t.get("function", t)["name"] for t in tools],
                 "reference_action": json.dumps(action.to_dict(), ensure_ascii=False),
@@ -110,6 +141,30 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
     return sft, rl
 
 
+def message_features():
+    """Arrow types of the message columns: each message is stored as JSON (datasets' `Json` feature) and decoded back
+    to exactly the dict that was written. Why not Arrow structs: a struct column unifies the keys of every row, so a
+    web_search call's arguments would come back with `code: None`, `asset_id: None`, ... from the other tools, and a
+    template that iterates `arguments|items` would render those as parameters. JSON keeps each row's own keys (and
+    their order, so the rendered call is byte-identical to `Action.to_text()` for hermes-style templates)."""
+    from datasets import Json, List
+
+    return List(Json())
+
+
+def _features(name: str):
+    """Explicit Arrow types of the SFT rows; RL states keep datasets' inferred types: rl/train.py replaces the
+    `prompt` column by rendered text with `Dataset.map`, which keeps a column's declared type (a Json list would turn
+    the text into a list of characters)."""
+    from datasets import Features, Value
+
+    if name != "sft":
+        return None
+    s = Value("string")
+    cols = {"prompt": message_features(), "completion": message_features(), "tools": s, "task_id": s}
+    return Features({**cols, "step": Value("int64"), "kind": s})
+
+
 def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:
     from datasets import Dataset, DatasetDict
 
@@ -118,7 +173,9 @@ def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:
             for r in rs:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
     # an empty split (eval_share 0, or very few tasks) is left out: datasets cannot reload a saved empty Dataset
-    DatasetDict({split: Dataset.from_list(rs) for split, rs in rows.items() if rs}).save_to_disk(str(out / name))
+    features = _features(name)
+    dd = DatasetDict({split: Dataset.from_list(rs, features=features) for split, rs in rows.items() if rs})
+    dd.save_to_disk(str(out / name))
 
 
 def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: float = 0.1, seed: int = 0) -> dict:

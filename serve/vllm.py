@@ -7,6 +7,10 @@ served with --enable-lora; clients pick an adapter by its module name). The tool
 Qwen2.5 / Qwen3 emit hermes-style `<tool_call>{json}</tool_call>` -> `hermes`; Qwen3.5 emits the XML form ->
 `qwen3_xml`. vLLM has no LoRA support for Qwen3-Omni, so a LoRA layout for it is refused: merge first.
 This module never imports vllm (the command runs in a subprocess), so it is testable on CPU.
+
+What to serve from sft/train.py's OUT (docs/serving.md): `merged` -> OUT/merged (written in the base checkpoint's own
+layout and config); `lora` -> OUT/vllm_adapter (module names of the base checkpoint). OUT itself holds the adapter
+under the training class's names, which vLLM would not match (it skips unmatched LoRA modules), so it is refused.
 """
 
 from __future__ import annotations
@@ -79,6 +83,12 @@ def build_vllm_command(cfg: VLLMServeConfig) -> list[str]:
             )
         if not cfg.lora_modules:
             raise ValueError("layout 'lora' needs lora_modules: {name: adapter_dir}")
+        for name, path in cfg.lora_modules.items():
+            if (Path(path) / "vllm_adapter").is_dir():
+                raise ValueError(
+                    f"lora_modules.{name}: {path} is an sft.train output directory whose adapter uses the training "
+                    f"class's module names; serve {Path(path) / 'vllm_adapter'} (the base checkpoint's names)"
+                )
         cmd += ["--enable-lora", "--max-lora-rank", str(cfg.max_lora_rank), "--lora-modules"]
         cmd += [f"{name}={path}" for name, path in cfg.lora_modules.items()]
     elif cfg.lora_modules:

@@ -52,7 +52,8 @@ def test_sft_prompt_is_byte_identical_to_planner_input(harvested):
             assert json.dumps(drow["prompt"], ensure_ascii=False) == expected
             assert json.loads(row["tools"]) == step["planner_input"]["tools"]
             call = row["completion"][0]["tool_calls"][0]["function"]
-            assert {"name": call["name"], "arguments": json.loads(call["arguments"])} == step["action"]
+            assert {"name": call["name"], "arguments": call["arguments"]} == step["action"]  # a mapping, not JSON
+            assert drow["completion"][0]["tool_calls"][0]["function"] == call  # Arrow round trip: same keys, no nulls
 
 
 def test_null_and_invalid_actions_do_not_become_rows(harvested):

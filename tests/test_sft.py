@@ -56,7 +56,7 @@ def test_collated_labels_cover_exactly_the_action_tokens(setup):
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(n)])
     for i in range(n):
         tc = dataset["train"][i]["completion"][0]["tool_calls"][0]["function"]
-        expected = Action(tc["name"], json.loads(tc["arguments"])).to_text() + "<|im_end|>"
+        expected = Action(tc["name"], tc["arguments"]).to_text() + "<|im_end|>"  # arguments: a mapping
         ids, labels = batch["input_ids"][i], batch["labels"][i]
         trained = ids[labels != -100]
         assert tok.decode(trained) == expected

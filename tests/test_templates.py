@@ -1,0 +1,203 @@
+"""Harvested rows through the real Qwen chat templates (tests/fixtures/chat_templates/) and TRL's own tokenization.
+
+Every row kind (each perception tool, web_search, code_executor with multi-line code, finish, need_parse, and a prompt
+that replays an earlier tool call in the OpenAI wire form) is harvested, saved and reloaded (Arrow round trip), then
+tokenized by the SFTTrainer that sft.train builds for the GPU recipe, with the tiny tokenizer carrying each real
+template. The collated labels must be exactly the template's rendering of the action plus its end of turn.
+"""
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from datasets import load_from_disk
+
+from collect.harvest import harvest, template_messages
+from sft import synthetic
+from sft.tiny import build_tiny_model
+from sft.train import build_trainer, parse_args
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "tests" / "fixtures" / "chat_templates"
+MULTILINE_CODE = 'rows = {"a": 1, "b": [2, 3]}\nfor k, v in rows.items():\n    print(f"{k} -> {v!r}", "é")\n'
+REPLAYED = {"query": "earlier call", "need_index": 0}  # a tool call already in the prompt, arguments as a JSON string
+
+
+def _trajectories() -> list[dict]:
+    """Synthetic judged-correct trajectories edited so that every tool and the awkward cases occur."""
+    trajs = list(synthetic.trajectories(40, seed=1))
+    for t in trajs:
+        t["correct"] = True
+    seen, edited = set(), False
+    for t in trajs:
+        for st in t["steps"]:
+            a = st["action"]
+            if a and a["name"] == "code_executor" and not edited:
+                a["arguments"] = {"code": MULTILINE_CODE, "need_index": a["arguments"].get("need_index", 0)}
+                # the react arm replays earlier calls: OpenAI wire form, arguments as a JSON string
+                st["planner_input"]["messages"] = st["planner_input"]["messages"] + [
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "call_0",
+                                "type": "function",
+                                "function": {"name": "web_search", "arguments": json.dumps(REPLAYED)},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "call_0", "content": "an observation"},
+                    {"role": "user", "content": "continue"},
+                ]
+                edited = True
+            if a:
+                seen.add(a["name"])
+    assert edited and {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout"} <= seen
+    return trajs
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("templates")
+    with open(d / "traj.jsonl", "w") as f:
+        for t in _trajectories():
+            f.write(json.dumps(t) + "\n")
+    harvest(d / "traj.jsonl", d / "data", eval_share=0.0)
+    base = build_tiny_model(
+        d / "base", texts=list(synthetic.texts(n=40, seed=0)), hidden_size=64, num_layers=2, intermediate_size=128
+    )
+    ds = load_from_disk(str(d / "data" / "sft"))["train"]
+    # one row per kind/tool (+ the replayed-call row), in dataset order
+    picked, keys = [], set()
+    for i, r in enumerate(ds):
+        call = (r["completion"][0].get("tool_calls") or [{}])[0].get("function", {})
+        key = (r["kind"], call.get("name"), len(r["prompt"]) > 2)
+        if key not in keys:
+            keys.add(key)
+            picked.append(i)
+    return d, base, ds, picked
+
+
+def test_harvest_rows_carry_mapping_arguments_with_only_their_own_keys(env):
+    d, _, ds, picked = env
+    names = set()
+    for r in ds:
+        if r["kind"] != "decision":
+            continue
+        f = r["completion"][0]["tool_calls"][0]["function"]
+        names.add(f["name"])
+        assert isinstance(f["arguments"], dict) and None not in f["arguments"].values()
+    assert {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout", "subtitle_grounding"} <= names
+    calls = [r["completion"][0]["tool_calls"][0]["function"] for r in ds if r["kind"] == "decision"]
+    assert any(f["arguments"].get("code") == MULTILINE_CODE for f in calls)
+    replayed = [m for r in ds for m in r["prompt"] if m.get("tool_calls")]
+    assert replayed and replayed[0]["tool_calls"][0]["function"]["arguments"] == REPLAYED  # decoded like vLLM does
+
+
+def test_template_messages_decodes_wire_arguments_and_keeps_the_rest():
+    wire = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": '{"a": 1}'}}]}]
+    assert template_messages(wire)[0]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    assert wire[0]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # input untouched
+    bad = [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]
+    assert template_messages(bad) == bad
+    plain = [{"role": "user", "content": "x"}]
+    assert template_messages(plain) == plain
+
+
+def test_the_qwen3_5_fixture_is_the_template_that_rejects_string_arguments(env):
+    """Why the rows changed: Qwen3.5's template iterates `arguments|items` (the crash seen in issue 14)."""
+    from transformers import AutoTokenizer
+
+    _, base, ds, _ = env
+    tok = AutoTokenizer.from_pretrained(base)
+    tok.chat_template = (TEMPLATES / "qwen3_5_think.jinja").read_text()
+    row = next(r for r in ds if r["kind"] == "decision")
+    wire = copy.deepcopy(row["completion"])
+    wire[0]["tool_calls"][0]["function"]["arguments"] = json.dumps(wire[0]["tool_calls"][0]["function"]["arguments"])
+    with pytest.raises(TypeError, match="mapping"):
+        tok.apply_chat_template(row["prompt"] + wire, tools=json.loads(row["tools"]), tokenize=False)
+    tok.apply_chat_template(row["prompt"] + row["completion"], tools=json.loads(row["tools"]), tokenize=False)
+
+
+def _hermes(name: str, args: dict) -> str:  # Qwen2.5 / Qwen3: the JSON object form (= collect.actions.Action.to_text)
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def _xml(name: str, args: dict) -> str:  # Qwen3.5: one <parameter=...> block per argument
+    params = "".join(
+        f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+        for k, v in args.items()
+    )
+    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+
+# template fixture -> (recipe it is trained with, rendering of a call, end of the assistant turn)
+CASES = {
+    "qwen2_5.jinja": ("configs/sft/qwen3_5_27b.yaml", _hermes, "<|im_end|>\n"),
+    "qwen3.jinja": ("configs/sft/qwen3_5_27b.yaml", _hermes, "<|im_end|>\n"),
+    "qwen3_5_think.jinja": ("configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n"),
+    "qwen3_5_nothink.jinja": ("configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n"),
+    "tiny": ("configs/sft/tiny.yaml", _hermes, "<|im_end|>"),  # {% generation %} ends before the newline
+}
+
+
+@pytest.mark.parametrize("template", sorted(CASES))
+def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, template, tmp_path):
+    d, base, ds, picked = env
+    recipe, render_call, end = CASES[template]
+    model_dir = tmp_path / "model"
+    shutil.copytree(base, model_dir)
+    if template != "tiny":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        tok.chat_template = (TEMPLATES / template).read_text()
+        tok.save_pretrained(model_dir)
+    args = parse_args(
+        [
+            "--config",
+            str(ROOT / recipe),
+            "--model_name_or_path",
+            str(model_dir),
+            "--dataset_dir",
+            str(d / "data" / "sft"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--bf16",
+            "false",
+            "--dtype",
+            "float32",
+            "--gradient_checkpointing",
+            "false",
+            "--eval_strategy",
+            "no",
+            "--kinds",
+            "decision,need_parse",
+        ]
+    )
+    trainer, dataset = build_trainer(*args)
+    tok = trainer.processing_class
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in picked])
+    kinds = set()
+    for j, i in enumerate(picked):
+        row = dataset["train"][i]
+        msg = row["completion"][0]
+        if msg.get("tool_calls"):
+            f = msg["tool_calls"][0]["function"]
+            expected = render_call(f["name"], f["arguments"]) + end
+            kinds.add(f["name"])
+        else:
+            expected = msg["content"] + end
+            kinds.add("need_parse")
+        ids, labels = batch["input_ids"][j], batch["labels"][j]
+        assert tok.decode(ids[labels != -100]) == expected, (template, i)
+        labelled = (labels != -100).nonzero().flatten()
+        first = int(labelled[0])
+        assert labelled.tolist() == list(range(first, first + len(labelled)))  # one run: nothing of the prompt
+        prompt = tok.decode(ids[:first])
+        assert prompt.rstrip("\n").endswith(("<|im_start|>assistant", "</think>")), prompt[-60:]
+    assert {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout", "need_parse"} <= kinds
