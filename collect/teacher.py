@@ -438,17 +438,18 @@ class TeacherPlanner:
         if tr is not None:
             return first + others
         # No time window: when the preferred tools find nothing for the focus (the annotation search needs a shared
-        # word), widen before switching tools: the need's and the question's other words, then a scan of the whole
-        # asset (a time range returns the best-overlapping entries even when none shares a word).
+        # word), widen before switching tools: a scan of the whole asset (a time range returns the best-overlapping
+        # entries even when none shares a word) ranked by the query plus the need's and the question's other words.
         wide = _widen(query, nd.need, r0.question)
-        widened = self._perception_calls(r0, nd, wide, preferred, None) if wide != query else []
-        scans = [
-            (t, {**args, "time_range": [0.0, float(a.duration or 86400.0)], "need_index": args["need_index"]})
-            for t, args in self._perception_calls(r0, nd, wide, preferred, None)
-            for a in r0.assets
-            if a.id == args["asset_id"] and a.type != "image"
-        ]
-        return first + widened + scans + others
+        scans = []
+        for t, args in self._perception_calls(r0, nd, wide, preferred, None):
+            asset = r0.asset(args["asset_id"])
+            if asset is not None and asset.type != "image":
+                span = [0.0, float(asset.duration or 86400.0)]
+                scans.append((t, {"asset_id": asset.id, "query": wide, "time_range": span, "need_index": nd.index}))
+            elif wide != query:  # an image has no time axis: only the wider query
+                scans.append((t, args))
+        return first + scans + others
 
     @staticmethod
     def _perception_calls(r0, nd, query: str, tools, tr) -> list:
