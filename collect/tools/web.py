@@ -81,6 +81,8 @@ def bm25_index(corpus: list[dict]) -> BM25Index:
 
 def bm25_search(corpus: list[dict], query: str, top_k: int, blocked: tuple[str, ...]) -> list[dict]:
     """Top-k non-blocked docs as result dicts {title, link, snippet, date}."""
+    if not corpus:
+        return []  # no corpus (e.g. a task source that brings none): nothing to index
     hits = bm25_index(corpus).search(query, top_k * 3 + 5)
     out = []
     for doc, _ in hits:
