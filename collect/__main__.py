@@ -1,6 +1,6 @@
 """`python -m collect --config configs/collect/embedded.yaml [--out runs/collect] [--split test] [--limit N]
-[--tasks FILE]`: run the teacher over tasks, judge, write OUT/trajectories.jsonl + OUT/summary.json, then harvest
-OUT/sft and OUT/rl_states from the judged-correct trajectories."""
+[--tasks FILE] [--allow-missing-media]`: run the teacher over tasks, judge, write OUT/trajectories.jsonl +
+OUT/summary.json, then harvest OUT/sft and OUT/rl_states from the judged-correct trajectories."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default=None, help="override the config's split (train|dev|test|all)")
     ap.add_argument("--limit", type=_positive_int, default=None, help="first N tasks of the split (N >= 1)")
     ap.add_argument("--tasks", default=None, help="a task file in the schema, instead of the configured source")
+    ap.add_argument(
+        "--allow-missing-media",
+        action="store_true",
+        help="run tasks whose media files are missing (the pre-flight refuses them otherwise); they are marked in "
+        "task_meta.missing_media and counted in the summary",
+    )
     ap.add_argument("--no-harvest", action="store_true", help="skip building the SFT / RL datasets")
     ap.add_argument("--overwrite", action="store_true", help="discard an existing OUT instead of resuming")
     ap.add_argument("--allow-mixed-config", action="store_true", help="resume into an OUT made by another config")
@@ -42,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["tasks"] = {"kind": "file", "path": args.tasks}
     if args.no_progress:
         overrides["progress"] = False
+    if args.allow_missing_media:
+        overrides["allow_missing_media"] = True
     try:
         cfg = load_config(args.config, overrides)
         summary = run_collection(cfg, args.out, allow_mixed_config=args.allow_mixed_config, overwrite=args.overwrite)

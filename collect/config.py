@@ -194,12 +194,17 @@ class TaskSource:
     path: str | None = field(default=None, metadata={"help": "task file / OmniGAIA metadata / worldsense_qa.json"})
     media_root: str | None = field(default=None, metadata={"help": "media root for OmniGAIA / WorldSense"})
     subtitles_root: str | None = field(default=None, metadata={"help": "WorldSense subtitles root"})
+    corpus: str | None = field(
+        default=None, metadata={"help": "web corpus JSONL for bm25 search (file: default <stem>.corpus.jsonl)"}
+    )
 
     def __post_init__(self):
         if self.kind not in ("embedded", "file", "omnigaia", "worldsense"):
             raise ValueError(f"tasks.kind: unknown task source {self.kind!r}")
         if self.kind != "embedded" and not self.path:
             raise ValueError(f"tasks.path is required for tasks.kind={self.kind!r}")
+        if self.kind == "embedded" and self.corpus:
+            raise ValueError("tasks.corpus: the embedded world brings its own corpus; corpus is for other sources")
 
 
 @dataclass
@@ -215,6 +220,9 @@ class CollectConfig:
     judge: dict = field(default_factory=dict, metadata={"help": "{endpoint: name} enables the OmniGAIA LLM judge"})
     harvest: dict = field(default_factory=lambda: {"enabled": True, "eval_share": 0.1})
     progress: bool = True
+    allow_missing_media: bool = field(
+        default=False, metadata={"help": "run tasks whose media files are missing (else the pre-flight refuses)"}
+    )
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:

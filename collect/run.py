@@ -55,14 +55,64 @@ def load_task_list(cfg: CollectConfig) -> list:
     return tasks.select_tasks(items, cfg.split, cfg.limit, name)
 
 
-def _task_meta(task) -> dict:
-    return {
+def load_task_corpus(cfg: CollectConfig) -> list[dict]:
+    """The web corpus a run's bm25 search indexes: the embedded world's own, else the task source's `corpus` JSONL,
+    else (task files) `<stem>.corpus.jsonl` next to the task file when it exists, else none (docs/world.md,
+    "External tasks with evidence"). Tasks may add their own `documents` on top (collect.tools.ToolBox)."""
+    from collect.tasks import load_corpus, sidecar_corpus
+
+    src = cfg.tasks
+    if src.kind == "embedded":
+        return embedded_world(src.seed).corpus
+    if src.corpus:
+        return load_corpus(src.corpus)
+    if src.kind == "file" and sidecar_corpus(src.path).is_file():
+        return load_corpus(sidecar_corpus(src.path))
+    return []
+
+
+MISSING_MEDIA_SHOWN = 10  # task ids named in the pre-flight refusal (the count covers them all)
+
+
+class MissingMediaError(ValueError):
+    """Tasks whose media files are missing, refused before OUT is touched unless allow_missing_media is set."""
+
+
+def missing_media(tasks: list, tools_cfg) -> dict[str, list[str]]:
+    """Task id -> the media files its perception would need but cannot find. With the annotations backend an asset
+    that carries annotation tracks needs no file; every other asset (e.g. an OmniGAIA asset) needs its `path`,
+    resolved against tools.media_root when relative, to exist."""
+    out: dict[str, list[str]] = {}
+    for task in tasks:
+        missing = []
+        for a in task.assets:
+            tr = a.tracks
+            annotated = bool(tr.subtitles or tr.audio or tr.clips or tr.frames)
+            if tools_cfg.perception_backend == "annotations" and annotated:
+                continue
+            if not a.path:
+                missing.append(f"{a.id} (no path)")
+                continue
+            root = tools_cfg.media_root
+            p = a.path if os.path.isabs(a.path) or not root else os.path.join(root, a.path)
+            if not os.path.exists(p):
+                missing.append(p)
+        if missing:
+            out[task.id] = missing
+    return out
+
+
+def _task_meta(task, missing: list[str] | None = None) -> dict:
+    meta = {
         "difficulty": getattr(task, "difficulty", None),
         "category": getattr(task, "category", None),
         "family": getattr(task, "family", None),
         "answer_type": getattr(task, "answer_type", None),
         "source": getattr(task, "source", None),
     }
+    if missing:
+        meta["missing_media"] = list(missing)  # run anyway under allow_missing_media (counted in the summary)
+    return meta
 
 
 async def _judge(cfg: CollectConfig, task, answer: str | None, pool) -> tuple[bool, dict]:
@@ -176,16 +226,30 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
         raise ValueError(f"no tasks selected (source={cfg.tasks.kind}, split={cfg.split}, limit={cfg.limit})")
     tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
     judges.resolve_mode(cfg.judge.get("scoring"))  # an unknown judge.scoring fails here, before OUT is touched
+    corpus = load_task_corpus(cfg)  # a malformed corpus file fails here
+    missing = missing_media(all_tasks, tools_cfg)
+    if missing and not cfg.allow_missing_media:
+        shown = ", ".join(list(missing)[:MISSING_MEDIA_SHOWN]) + (" ..." if len(missing) > MISSING_MEDIA_SHOWN else "")
+        first = next(iter(missing.values()))[0]
+        raise MissingMediaError(
+            f"{len(missing)} of {len(all_tasks)} selected task(s) have missing media files ({shown}; e.g. {first}); "
+            f"set tasks.media_root / tools.media_root, or run them anyway with --allow-missing-media "
+            f"(config allow_missing_media: true)"
+        )
+    if missing:
+        log.warning("running %d task(s) with missing media (allow_missing_media): %s", len(missing), list(missing))
     await check_endpoints(cfg)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer per OUT; the kernel also drops the lock if this process dies
     try:
-        return await _run_locked(cfg, out, all_tasks, tools_cfg, allow_mixed_config, overwrite)
+        return await _run_locked(cfg, out, all_tasks, tools_cfg, allow_mixed_config, overwrite, corpus, missing)
     finally:
         unlock_out(lock)
 
 
-async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, tools_cfg, allow_mixed_config, overwrite) -> dict:
+async def _run_locked(
+    cfg: CollectConfig, out: Path, all_tasks, tools_cfg, allow_mixed_config, overwrite, corpus, missing
+) -> dict:
     from collect.config import build_roles
     from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
     from collect.loop import run_task
@@ -195,9 +259,6 @@ async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, tools_cfg, allow
     done = prepare_out(out, cfg, allow_mixed_config, overwrite)
     todo = [t for t in all_tasks if t.id not in done]
     pool = ClientPool(cfg.endpoints, concurrency=cfg.runtime.concurrency)
-    corpus = None
-    if cfg.tasks.kind == "embedded":
-        corpus = embedded_world(cfg.tasks.seed).corpus
     writer = TrajectoryWriter(out / "trajectories.jsonl")
     errored: dict[str, str] = {}
     sem = asyncio.Semaphore(max(1, cfg.runtime.concurrency))
@@ -229,7 +290,7 @@ async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, tools_cfg, allow
                 return
             rec["correct"] = correct
             rec["judge"] = judge_info
-            rec["task_meta"] = _task_meta(task)
+            rec["task_meta"] = _task_meta(task, missing.get(task.id))
             rec["gold_answer"] = task.answer
             rec["question"] = task.question
             writer.append(rec)

@@ -82,6 +82,12 @@ def scoring_stats(records: list[dict]) -> dict:
     }
 
 
+def missing_media_stats(records: list[dict]) -> dict:
+    """Tasks that ran with missing media files (allow_missing_media; task_meta.missing_media): count and ids."""
+    ids = [str(r.get("task_id")) for r in records if (r.get("task_meta") or {}).get("missing_media")]
+    return {"n_missing_media": len(ids), "missing_media_tasks": ids}
+
+
 def summarize(records: list[dict], prices_configured: bool = False) -> dict:
     outcomes = Counter(r.get("outcome") for r in records)
     by_outcome = {o: _acc([r for r in records if r.get("outcome") == o]) for o in OUTCOMES}
@@ -130,6 +136,7 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
         **{k: v for k, v in overall.items() if k != "n"},
         "n_judged": overall["n"],
         **scoring_stats(records),
+        **missing_media_stats(records),
         "by_difficulty": _group(records, "difficulty"),
         "by_category": _group(records, "category"),
         "by_family": _group(records, "family"),

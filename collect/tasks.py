@@ -19,7 +19,15 @@ import typing
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from collect.bounds import json_depth
 from collect.ledger import ALL_TOOLS, Asset, Budget, TaskContext
@@ -96,6 +104,17 @@ class GoldNeed(_Strict):
     gold_value: str | None = None  # None: the chain cannot close here (unanswerable tasks)
 
 
+class Document(_Strict):
+    """One web document of an external corpus (docs/world.md, "External tasks with evidence"): what `web_search`
+    (bm25 backend) indexes as `title + text` and returns as {title, link: url, snippet: text, date}."""
+
+    id: str = ""
+    url: str = Field(min_length=1)
+    title: str = ""
+    text: str = Field(min_length=1)
+    date: str = ""
+
+
 class Task(_Strict):
     id: str = Field(min_length=1)
     question: str
@@ -109,6 +128,7 @@ class Task(_Strict):
     assets: list[AssetSpec] = Field(default_factory=list)
     allowed_tools: list[str] = Field(default_factory=lambda: list(ALL_TOOLS))
     gold_chain: list[GoldNeed] = Field(default_factory=list)
+    documents: list[Document] = Field(default_factory=list)  # this task's own web documents (added to the corpus)
     source: Literal["embedded", "omnigaia", "worldsense"] = "embedded"
     meta: dict[str, Any] = Field(default_factory=dict)
 
@@ -159,6 +179,15 @@ class Task(_Strict):
             path = " -> ".join(str(c) for c in cycle)
             raise ValueError(f"gold_chain.{cycle[0]}.depends_on: dependency cycle {path}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # `documents` is left out of a dump when empty, so the tasks of every older file and of the embedded world
+        # serialize exactly as before the key existed (tests/test_world.py pins the world's JSON).
+        d = handler(self)
+        if isinstance(d, dict) and not d.get("documents"):
+            d.pop("documents", None)
+        return d
 
     def to_context(self, budget: Budget | None = None) -> TaskContext:
         """R0 for the runtime: what any planner may see (no gold answer, no gold chain)."""
@@ -310,6 +339,55 @@ def load_tasks(path: str | Path) -> list[Task]:
     if not tasks:
         raise TaskFileError(f"{path}: contains no tasks")
     return tasks
+
+
+def sidecar_corpus(task_path: str | Path) -> Path:
+    """The corpus convention of a task file: `<dir>/<stem>.corpus.jsonl` next to it (`tasks.json` ->
+    `tasks.corpus.jsonl`); used when the task source names no `corpus` and the file exists."""
+    p = Path(task_path)
+    return p.with_name(f"{p.stem}.corpus.jsonl")
+
+
+def load_corpus(path: str | Path) -> list[dict]:
+    """Read a corpus JSONL (one document object per line, blank lines skipped) into plain dicts
+    {id, url, title, text, date}. Strict like task files: an unknown key, a missing url/text or a bad line raises
+    TaskFileError naming the file, the line and the field. Ids default to `<file stem>-<line>`; an id used twice
+    is an error."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TaskFileError(f"{path}: cannot read corpus file: {e}") from None
+    docs: list[dict] = []
+    seen: set[str] = set()
+    for ln, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskFileError(f"{path}: line {ln} is not valid JSON: {e.msg}") from None
+        if not isinstance(rec, dict):
+            raise TaskFileError(f"{path}: line {ln}: expected a document object, got {type(rec).__name__}")
+        try:
+            doc = Document.model_validate(rec)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(root)"
+            msg = "unknown key" if err["type"] == "extra_forbidden" else str(err["msg"])
+            known = ", ".join(Document.model_fields)
+            raise TaskFileError(
+                f"{path}: line {ln}: document {rec.get('id', '?')!r}: field {where}: {msg} (document keys: {known})"
+            ) from None
+        d = doc.model_dump()
+        d["id"] = d["id"] or f"{path.stem}-{ln}"
+        if d["id"] in seen:
+            raise TaskFileError(f"{path}: line {ln}: document {d['id']!r}: field id: duplicate document id")
+        seen.add(d["id"])
+        docs.append(d)
+    if not docs:
+        raise TaskFileError(f"{path}: corpus contains no documents")
+    return docs
 
 
 def _is_one_json_object(text: str) -> bool:

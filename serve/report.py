@@ -1,9 +1,9 @@
 """Self-contained HTML report of an evaluation (opens from disk: inline CSS + SVG, no scripts from the network).
 
 Sections: the cell table (accuracy with Wilson intervals, valid-action rate, outcomes, the scoring mode that judged the
-cell and its unjudged tasks), planner prompt tokens per step for each cell (the context-flatness plot), outcomes, tool
-distribution, need closure, and a per-task viewer that shows for each step what the planner saw, what it did, the
-critic verdict and the ledger diff."""
+cell and its unjudged tasks, the tasks that ran with missing media), planner prompt tokens per step for each cell (the
+context-flatness plot), outcomes, tool distribution, need closure, and a per-task viewer that shows for each step what
+the planner saw, what it did, the critic verdict and the ledger diff."""
 
 from __future__ import annotations
 
@@ -170,15 +170,25 @@ def render_report(title: str, cells: dict[str, dict], records: dict[str, list[di
             f"<td>{_pct(ci[0])}–{_pct(ci[1])}</td><td>{_pct(s.get('valid_action_rate'))}</td>"
             + "".join(f"<td>{oc.get(o, 0)}</td>" for o in OUTCOMES)
             + f"<td>{s.get('avg_tool_calls') or 0:.2f}</td>"
-            + f"<td>{_e(s.get('scoring_mode') or '-')}</td><td>{s.get('n_unjudged', 0)}</td></tr>"
+            + f"<td>{_e(s.get('scoring_mode') or '-')}</td><td>{s.get('n_unjudged', 0)}</td>"
+            + f"<td>{s.get('n_missing_media', 0)}</td></tr>"
         )
     table = (
         "<table><tr><th>cell</th><th>tasks</th><th>accuracy</th><th>95% CI</th><th>valid actions</th>"
         + "".join(f"<th>{o}</th>" for o in OUTCOMES)
-        + "<th>avg tool calls</th><th>scoring</th><th>unjudged</th></tr>"
+        + "<th>avg tool calls</th><th>scoring</th><th>unjudged</th><th>missing media</th></tr>"
         + "".join(rows)
         + "</table>"
     )
+    notes = [
+        f"<p class='bad'>{_e(name)}: {s['n_missing_media']} task(s) ran with missing media files "
+        f"(allow_missing_media; their perception saw no media): {_e(', '.join(s.get('missing_media_tasks', [])[:20]))}"
+        + (" ..." if len(s.get("missing_media_tasks", [])) > 20 else "")
+        + "</p>"
+        for name, s in cells.items()
+        if s.get("n_missing_media")
+    ]
+    table += "".join(notes)
     tokens = line_chart(
         {n: s.get("planner_prompt_tokens_by_step", {}) for n, s in cells.items()},
         "planner prompt tokens per call, by step",

@@ -118,7 +118,8 @@ def _time_range(arguments: dict) -> tuple[float, float] | None:
 
 
 class ToolBox:
-    """Executes one tool call for one task. `corpus` is the local web corpus (embedded world) for the bm25 backend."""
+    """Executes one tool call for one task. `corpus` is the run's local web corpus for the bm25 backend (the embedded
+    world's, or a task source's corpus JSONL); a task's own `documents` are searched together with it."""
 
     def __init__(
         self, task: Task, r0: TaskContext, config: ToolsConfig | None = None, corpus: list[dict] | None = None
@@ -126,6 +127,11 @@ class ToolBox:
         self.task, self.r0 = task, r0
         self.config = config or ToolsConfig()
         self.corpus = corpus if corpus is not None else []
+        own = getattr(task, "documents", None) or []
+        if own:  # a new list (and index) for this task only; the shared corpus stays untouched
+            self.corpus = list(self.corpus) + [
+                {**d.model_dump(), "id": d.id or f"{task.id}-doc{k}"} for k, d in enumerate(own)
+            ]
         self._schemas = tool_schemas(r0)
         self._media = None
         if self.config.perception_backend == "media":

@@ -61,20 +61,28 @@ class BM25Index:
 
 
 _INDEX_CACHE: dict[int, tuple[list[dict], BM25Index]] = {}
+_INDEX_CACHE_SIZE = 16  # the shared corpus of a run plus the per-task corpora (task `documents`) in flight
 
 
 def bm25_index(corpus: list[dict]) -> BM25Index:
-    """Reuse one index per corpus object (the world corpus is shared by every task of a run)."""
-    hit = _INDEX_CACHE.get(id(corpus))
+    """Reuse one index per corpus object (the run's corpus is shared by every task; a task with its own `documents`
+    has its own list). The cache keeps the most recently used indexes only."""
+    key = id(corpus)
+    hit = _INDEX_CACHE.pop(key, None)
     if hit is not None and hit[0] is corpus:
+        _INDEX_CACHE[key] = hit  # most recent last
         return hit[1]
     idx = BM25Index(corpus)
-    _INDEX_CACHE[id(corpus)] = (corpus, idx)
+    _INDEX_CACHE[key] = (corpus, idx)
+    while len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
+        del _INDEX_CACHE[next(iter(_INDEX_CACHE))]
     return idx
 
 
 def bm25_search(corpus: list[dict], query: str, top_k: int, blocked: tuple[str, ...]) -> list[dict]:
     """Top-k non-blocked docs as result dicts {title, link, snippet, date}."""
+    if not corpus:
+        return []  # no corpus (e.g. a task source that brings none): nothing to index
     hits = bm25_index(corpus).search(query, top_k * 3 + 5)
     out = []
     for doc, _ in hits:
