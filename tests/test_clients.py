@@ -250,7 +250,8 @@ def _write(path: Path, cfg: dict) -> Path:
 
 
 def test_a_key_echoed_by_the_endpoint_reaches_no_summary_log_or_stderr(srv, tmp_path, monkeypatch, caplog, capfd):
-    from collect.run import load_config, run_collection
+    from collect.config import load_config
+    from collect.run import run_collection
 
     monkeypatch.setenv("LEAKY_ENDPOINT_KEY", SECRET)
     srv.default("planner", _status(400, f"Incorrect API key provided: {SECRET}"))
@@ -297,7 +298,8 @@ def _image_task(tmp_path: Path) -> Path:
 
 
 def test_perception_429_then_200_is_retried_and_its_tokens_reach_the_summary(srv, tmp_path):
-    from collect.run import load_config, run_collection
+    from collect.config import load_config
+    from collect.run import run_collection
 
     srv.script("default", fault_429(retry_after=0.05), text("The sign reads KELMORA.", prompt_tokens=321))
     srv.script(
@@ -415,7 +417,8 @@ def test_reward_judge_asks_again_after_an_unparseable_reply(srv, monkeypatch):
 def test_answer_judge_usage_is_recorded_under_role_judge_and_reaches_the_summary(srv, tmp_path):
     """An OmniGAIA-source task whose answer is not an exact match goes to the LLM judge endpoint (a ChatClient from
     the pool): its 500-then-200 is retried, and its tokens, retry and fault are the run's, under role "judge"."""
-    from collect.run import load_config, run_collection
+    from collect.config import load_config
+    from collect.run import run_collection
 
     tasks = _image_task(tmp_path)
     task = json.loads(tasks.read_text())

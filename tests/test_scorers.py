@@ -445,7 +445,8 @@ def test_llm_judge_case_sensitive_tag_officially():
 def test_run_judge_call_site_modes_and_unjudged():
     from collect.config import EndpointConfig
     from collect.llm import ClientPool
-    from collect.run import CollectConfig, _judge
+    from collect.config import CollectConfig
+    from collect.run import _judge
     from tests.fakes import FakeChatServer, text
 
     with FakeChatServer() as srv:
