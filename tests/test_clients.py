@@ -437,6 +437,7 @@ def test_answer_judge_usage_is_recorded_under_role_judge_and_reaches_the_summary
         "judge": {"endpoint": "judge"},
         "harvest": {"enabled": False},
         "progress": False,
+        "allow_missing_media": True,  # the planner never looks at the image; only the judge's usage matters here
     }
     out = tmp_path / "out"
     summary = run_collection(load_config(_write(tmp_path / "c.yaml", cfg)), out)

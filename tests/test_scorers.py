@@ -443,9 +443,8 @@ def test_llm_judge_case_sensitive_tag_officially():
 
 
 def test_run_judge_call_site_modes_and_unjudged():
-    from collect.config import EndpointConfig
+    from collect.config import CollectConfig, EndpointConfig
     from collect.llm import ClientPool
-    from collect.config import CollectConfig
     from collect.run import _judge
     from tests.fakes import FakeChatServer, text
 
