@@ -37,6 +37,7 @@ import importlib.metadata as md
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -453,7 +454,8 @@ def sft_argv(base: Path, data: Path, out: Path, device: str, steps: int, merge: 
         # the speed settings recommended for the recipe (docs/gpu_check.md): BFD packing to max_length (TRL turns on
         # padding-free: one flattened row per micro-batch, cu_seqlens to fla), two packed rows per micro-batch,
         # gradient accumulation 1 (the check measures steps, not a training run)
-        argv += ["--packing", "true", "--packing_strategy", "bfd", "--per_device_train_batch_size", "2"]
+        argv += ["--packing", "true", "--packing_strategy", "bfd", "--padding_free", "true"]
+        argv += ["--per_device_train_batch_size", "2"]
         argv += ["--gradient_accumulation_steps", "1"]
     else:
         # CPU: every GPU-only key off (bf16, packing / padding-free: fla-only; gradient checkpointing)
@@ -643,6 +645,8 @@ def run_check(
                     {"argv": argv2, **depth_fields(info2)},
                 )  # fmt: skip
                 rec2.pop("entry_point_summary", None)
+                for d in (base2, out / f"sft_{fit_layers}"):  # ~11 GB of weights at the 27B dims
+                    shutil.rmtree(d, ignore_errors=True)
                 rec["at_other_depths"] = [rec2]
                 runs.append(rec2)
             if gpu:
