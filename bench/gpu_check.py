@@ -445,12 +445,18 @@ def peak_flops(device: str) -> dict:
 LORA_ALL_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj"]
 
 
-def sft_argv(base: Path, data: Path, out: Path, device: str, steps: int, merge: bool = True) -> list[str]:
+def sft_argv(
+    base: Path, data: Path, out: Path, device: str, steps: int, merge: bool = True, packing: bool = True
+) -> list[str]:
     argv = ["--config", SFT_RECIPE, "--model_name_or_path", str(base), "--dataset_dir", str(data / "sft")]
     argv += ["--output_dir", str(out), "--max_steps", str(steps), "--logging_steps", "1", "--save_strategy", "no"]
     argv += ["--eval_strategy", "no", "--report_to", "none", "--merge", str(merge).lower()]
     argv += ["--lora_target_modules", *LORA_ALL_LAYERS]
-    if device == "cuda":
+    if device == "cuda" and not packing:
+        # no packing / padding-free (e.g. without flash-linear-attention, whose torch reference refuses packed rows)
+        argv += ["--packing", "false", "--padding_free", "false", "--per_device_train_batch_size", "2"]
+        argv += ["--gradient_accumulation_steps", "1"]
+    elif device == "cuda":
         # the speed settings recommended for the recipe (docs/gpu_check.md): BFD packing to max_length (TRL turns on
         # padding-free: one flattened row per micro-batch, cu_seqlens to fla), two packed rows per micro-batch,
         # gradient accumulation 1 (the check measures steps, not a training run)
@@ -580,6 +586,7 @@ def run_check(
     limit: int = 8,
     vllm: str = "off",
     stages: tuple[str, ...] = ("sft", "rl"),
+    packing: bool = True,
 ) -> dict:
     import torch
 
@@ -629,7 +636,7 @@ def run_check(
 
     stages_out: dict = {}
     if "sft" in stages:
-        argv = sft_argv(base, data, out / "sft", device, sft_steps)
+        argv = sft_argv(base, data, out / "sft", device, sft_steps, packing=packing)
         try:
             rec = run_stage(
                 "sft", "sft.train", lambda m, v=argv: m.main(*m.parse_args(v)), warmup, peak,
@@ -639,7 +646,9 @@ def run_check(
             if fit_layers and fit_layers != layers:
                 # the same SFT at a second depth, for the per-layer cost (no merge: only the timing is needed)
                 base2, info2 = build_model(out / f"base_{fit_layers}", dims, fit_layers, device)
-                argv2 = sft_argv(base2, data, out / f"sft_{fit_layers}", device, sft_steps, merge=False)
+                argv2 = sft_argv(
+                    base2, data, out / f"sft_{fit_layers}", device, sft_steps, merge=False, packing=packing
+                )
                 rec2 = run_stage(
                     "sft", "sft.train", lambda m, v=argv2: m.main(*m.parse_args(v)), warmup, peak,
                     {"argv": argv2, **depth_fields(info2)},
@@ -723,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=8, help="embedded train tasks to collect")
     ap.add_argument("--vllm", choices=["off", "colocate"], default="off", help="GRPO generation through vLLM")
     ap.add_argument("--stages", default="sft,rl", help="comma list of sft,rl")
+    ap.add_argument("--no-packing", action="store_true", help="GPU SFT without BFD packing / padding-free")
     ap.add_argument("--kernels-only", action="store_true", help="print kernels_report() and exit")
     a = ap.parse_args(argv)
     if a.kernels_only:
@@ -739,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
         limit=a.limit,
         vllm=a.vllm,
         stages=tuple(s.strip() for s in a.stages.split(",") if s.strip()),
+        packing=not a.no_packing,
     )
     print_table(report)
     return 1 if any("error" in r for r in report["stages"].values()) else 0
