@@ -700,7 +700,7 @@ def run_check(
 
 
 def print_table(report: dict) -> None:
-    print(f"gpu-check ({report['mode']}): {report['peak']['card']}, peak {report['peak']['peak_flops'] / 1e12:.1f} "
+    print(f"gpu-check ({report['mode']}): {report['peak']['card']}, peak {report['peak']['peak_flops'] / 1e12:.3g} "
           f"TFLOP/s ({report['peak']['peak_source']})")  # fmt: skip
     for name, rec in report["stages"].items():
         if "error" in rec:
