@@ -11,7 +11,8 @@ export PYTHONPATH := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast lint format clean collect harvest sft rl heldout serve serve-local eval bench demo
+.PHONY: setup test test-fast lint format clean collect harvest sft rl heldout serve serve-local eval bench demo \
+	gpu-check wheels gpu-setup-offline
 
 setup: $(STAMP)
 
@@ -88,3 +89,25 @@ demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or
 	$(PY) -m rl.train --config configs/rl/tiny.yaml --dataset_dir runs/demo/collect/rl_states \
 		--model_name_or_path runs/demo/sft/merged --output_dir runs/demo/rl
 	$(PY) -m serve.eval --config configs/eval/demo.yaml --out runs/demo
+
+# ---- GPU check (docs/gpu_check.md) ------------------------------------------------------------------------------------
+# make gpu-check                 SFT + GRPO recipes on a random Qwen3.5 at the 27B layer dims, one GPU, ~5-8 min, no
+#                                network -> $(or $(OUT),runs/gpu_check)/gpu_check.json; without CUDA: the CPU mode
+# make gpu-check DEVICE=cpu      the same code path at tiny dims (what CI runs, tests/test_gpu_check.py)
+# make wheels                    on a NETWORKED x86-64 Linux machine with Python 3.11: every wheel of .[test,gpu] -> wheels/
+# make gpu-setup-offline         on the offline GPU node, with wheels/ copied beside the repo: install from it only
+WHEELS ?= wheels
+
+gpu-check: $(STAMP)  ## DEVICE=auto|cuda|cpu OUT= GPU_CHECK_ARGS= (e.g. "--vllm colocate --sft-steps 20")
+	$(PY) -m bench.gpu_check --device $(or $(DEVICE),auto) --out $(or $(OUT),runs/gpu_check) $(GPU_CHECK_ARGS)
+
+wheels:  ## networked machine: wheels for .[test,gpu] (+ build backend) into $(WHEELS)/ for an offline node
+	@command -v $(PY_BOOT) >/dev/null || { echo "error: $(PY_BOOT) not found (the node's Python, 3.11)"; exit 1; }
+	$(PY_BOOT) -m pip wheel --wheel-dir $(WHEELS) ".[test,gpu]" "setuptools>=77" wheel
+	@echo "optional CUDA build of causal-conv1d (needs nvcc + the CUDA torch installed in $(PY_BOOT)):"
+	@echo "  CAUSAL_CONV1D_FORCE_BUILD=TRUE $(PY_BOOT) -m pip wheel --no-deps --no-build-isolation -w $(WHEELS) causal-conv1d==1.7.0"
+
+gpu-setup-offline:  ## offline GPU node: .venv with .[test,gpu] from $(WHEELS)/ only (no index)
+	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --no-index --find-links $(WHEELS) -e ".[test,gpu]"
+	@touch $(STAMP)
