@@ -46,3 +46,16 @@ def test_two_workers_write_the_same_records_and_summary_as_one_process(tmp_path,
     # resume with workers: nothing left to do, nothing written twice
     again = run_collection(teacher_cfg(workers=2), tmp_path / "two")
     assert again["n_tasks"] == 12 and len((tmp_path / "two/trajectories.jsonl").read_bytes().splitlines()) == 12
+
+
+def test_eval_passes_workers_through_to_each_cell(tmp_path):
+    import yaml
+
+    from serve.eval import load_eval_config, run_eval
+
+    p = tmp_path / "eval.yaml"
+    base = str(ROOT / "configs/collect/embedded.yaml")
+    p.write_text(yaml.safe_dump({"base": base, "split": "test", "limit": 4, "workers": 2}))
+    summary = run_eval(load_eval_config(str(p)), tmp_path / "out")
+    cells = list(summary["cells"].values())
+    assert cells and all(c["workers"] == 2 and c["n_tasks"] == 4 for c in cells)
