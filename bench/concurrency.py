@@ -271,6 +271,9 @@ def steady_state(
         "observed_call_ms": round(1000 * call_s / calls, 1) if calls else None,
         "share_of_slot_time_in_calls": round(call_s / (concurrency * window), 3),
         "cpu_cores_busy": round(cpu / window, 2),
+        # the CPU the runtime would need to keep every slot's call in flight (efficiency 1) at this CPU per call: more
+        # than the cores it gets (other processes share them) caps the efficiency at about cores_busy / this
+        "cores_needed_at_efficiency_1": round(concurrency / latency_s * cpu / calls, 2) if calls else None,
         "tool_wall_s_summed": round(tool_s, 2),
         "startup_s": round(startup_s, 1),
         "tasks_started": sum(x["tasks_started"] for x in parts),
