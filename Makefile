@@ -11,7 +11,7 @@ export PYTHONPATH := $(CURDIR)
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup test test-fast lint format clean collect harvest sft rl heldout serve serve-local eval bench demo \
+.PHONY: setup test test-fast lint format clean collect merge harvest sft rl heldout serve serve-local eval bench demo \
 	gpu-check wheels gpu-setup-offline
 
 setup: $(STAMP)
@@ -47,9 +47,14 @@ COLLECT_OUT := runs/collect
 SFT_OUT := runs/sft
 RL_OUT := runs/rl
 
-collect: $(STAMP)  ## CONFIG= OUT= SPLIT= LIMIT= TASKS=
+collect: $(STAMP)  ## CONFIG= OUT= SPLIT= LIMIT= TASKS= WORKERS= (N|auto) SHARD= (K/N)
 	$(PY) -m collect --config $(or $(CONFIG),configs/collect/embedded.yaml) --out $(or $(OUT),$(COLLECT_OUT)) \
-		$(if $(SPLIT),--split $(SPLIT)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS))
+		$(if $(SPLIT),--split $(SPLIT)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) \
+		$(if $(WORKERS),--workers $(WORKERS)) $(if $(SHARD),--shard $(SHARD))
+
+merge: $(STAMP)  ## SHARDS="runs/shards/0 runs/shards/1 ..." OUT=: shard OUTs -> one OUT + harvest (docs/scale.md)
+	$(PY) -m collect.merge $(or $(SHARDS),$(error set SHARDS="runs/shards/0 runs/shards/1 ...")) \
+		--out $(or $(OUT),$(COLLECT_OUT))
 
 harvest: $(STAMP)  ## DATA= (a collect OUT): rebuild the SFT / RL datasets from its trajectories
 	$(PY) -m collect.harvest $(or $(DATA),$(COLLECT_OUT))/trajectories.jsonl --out $(or $(DATA),$(COLLECT_OUT))
@@ -76,9 +81,9 @@ serve: $(STAMP)  ## CONFIG=configs/serve/<recipe>.yaml (vLLM; GPU nodes with `pi
 serve-local: $(STAMP)  ## MODEL= PORT=: a transformers checkpoint as an OpenAI-compatible server on CPU
 	$(PY) -m serve.local --model $(or $(MODEL),$(RL_OUT)) --port $(or $(PORT),8008)
 
-eval: $(STAMP)  ## CONFIG= PLANNER= OUT=
+eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS=
 	$(PY) -m serve.eval --config $(or $(CONFIG),configs/eval/embedded.yaml) $(if $(PLANNER),--planner $(PLANNER)) \
-		--out $(or $(OUT),runs/eval)
+		--out $(or $(OUT),runs/eval) $(if $(WORKERS),--workers $(WORKERS))
 
 bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
     ap.add_argument("--out", default="bench/results.json")
     ap.add_argument("--only", default=None, help="comma list: overhead,context,concurrency,throughput,training")
-    ap.add_argument("--tasks", type=int, default=200, help="tasks for the concurrency benchmark")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks the concurrency benchmark cycles (default: all)")
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
     want = lambda k: only is None or k in only  # noqa: E731

@@ -1,5 +1,6 @@
 """`python -m collect --config configs/collect/embedded.yaml [--out runs/collect] [--split test] [--limit N]
-[--tasks FILE] [--allow-missing-media]`: run the teacher over tasks, judge, write OUT/trajectories.jsonl +
+[--tasks FILE] [--allow-missing-media] [--workers N|auto] [--shard K/N]`: run the teacher over tasks, judge, write
+OUT/trajectories.jsonl +
 OUT/summary.json, then harvest OUT/sft and OUT/rl_states from the judged-correct trajectories."""
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="discard an existing OUT instead of resuming")
     ap.add_argument("--allow-mixed-config", action="store_true", help="resume into an OUT made by another config")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--workers", default=None, help="worker processes on this machine: N or 'auto' (default: config)")
+    ap.add_argument("--shard", default=None, help="K/N: run only shard K of N (merge with python -m collect.merge)")
     args = ap.parse_args(argv)
     setup_logging()
 
-    overrides = {"split": args.split, "limit": args.limit}
+    overrides = {"split": args.split, "limit": args.limit, "workers": args.workers, "shard": args.shard}
     if args.tasks:
         overrides["tasks"] = {"kind": "file", "path": args.tasks}
     if args.no_progress:

@@ -223,21 +223,42 @@ class CollectConfig:
     allow_missing_media: bool = field(
         default=False, metadata={"help": "run tasks whose media files are missing (else the pre-flight refuses)"}
     )
+    workers: int | str = field(
+        default=1, metadata={"help": "worker processes on this machine: an integer >= 1 or 'auto' (the usable cores)"}
+    )
+    shard: str | None = field(
+        default=None, metadata={"help": "'K/N': run only shard K of N (stable hash of the task id; docs/scale.md)"}
+    )
 
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit: must be >= 1 (omit it to run every task), got {self.limit}")
         self.roles.check_endpoints(self.endpoints)
+        if isinstance(self.workers, str) and self.workers.strip().isdigit():
+            self.workers = int(self.workers)
+        if self.workers != "auto" and (isinstance(self.workers, bool) or not isinstance(self.workers, int)):
+            raise ValueError(f"workers: expected an integer >= 1 or 'auto', got {self.workers!r}")
+        if self.workers != "auto" and self.workers < 1:
+            raise ValueError(f"workers: expected an integer >= 1 or 'auto', got {self.workers!r}")
+        if self.shard is not None:
+            parse_shard(self.shard)
         if self.judge.get("endpoint") and self.judge["endpoint"] not in self.endpoints:
             raise ValueError(f"judge.endpoint: {self.judge['endpoint']!r} is not defined under `endpoints`")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def n_workers(self) -> int:
+        """`workers` as a number: 'auto' is the cores this process may run on."""
+        if self.workers == "auto":
+            return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+        return int(self.workers)
+
     def hash(self) -> str:
-        """Hash of everything that changes what a trajectory means (not limit/progress/harvest)."""
+        """Hash of everything that changes what a trajectory means (not limit/progress/harvest, nor how the tasks are
+        spread: workers, shard; shards of one run share the hash, which is what `collect.merge` checks)."""
         d = self.to_dict()
-        for k in ("limit", "progress", "harvest", "name"):
+        for k in ("limit", "progress", "harvest", "name", "workers", "shard"):
             d.pop(k, None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -307,6 +328,22 @@ def from_mapping(cls, raw, where: str):
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 0 <= K < N."""
+    try:
+        k, n = (int(x) for x in str(spec).split("/"))
+    except ValueError:
+        raise ValueError(f"shard: expected 'K/N' (e.g. 0/4), got {spec!r}") from None
+    if n < 1 or not 0 <= k < n:
+        raise ValueError(f"shard: expected 'K/N' with 0 <= K < N, got {spec!r}")
+    return k, n
+
+
+def shard_of(task_id: str, n: int) -> int:
+    """The shard (0..n-1) a task belongs to: a stable hash of its id, the same in every process, order and run."""
+    return int.from_bytes(hashlib.sha256(f"shard:{task_id}".encode()).digest()[:8], "big") % n
 
 
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:

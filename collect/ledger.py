@@ -294,11 +294,17 @@ class Ledger:
         # The recorded format keeps "revisions" right after "blocked_finishes" (the same count; the field is gone):
         # ledgers in existing trajectories and rl_states rows, and their state hashes, stay byte-identical.
         # ledger_from_dict ignores the key.
+        # A Ledger is frozen, so its snapshot is computed once and shared (treat it as read-only): the loop records
+        # `ledger_before` of step t+1 and hashes the state closing step t from the same instance.
+        cached = self.__dict__.get("_snapshot")
+        if cached is not None:
+            return cached
         out = {}
         for k, v in _plain(self).items():
             out[k] = v
             if k == "blocked_finishes":
                 out["revisions"] = v
+        object.__setattr__(self, "_snapshot", out)
         return out
 
 
@@ -814,8 +820,13 @@ def useful_tools_exhausted(r0: TaskContext, s: Ledger) -> bool:
 
 
 def state_hash(s: Ledger) -> str:
+    cached = s.__dict__.get("_state_hash")  # frozen: one hash per instance (asked at each step close and at the end)
+    if cached is not None:
+        return cached
     blob = json.dumps(s.to_dict(), sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=list)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    h = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    object.__setattr__(s, "_state_hash", h)
+    return h
 
 
 def _need_view(n: Need) -> dict:

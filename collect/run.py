@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collect.config import CollectConfig, EndpointConfig, ToolsConfig, from_mapping
+from collect.config import CollectConfig, EndpointConfig, ToolsConfig, from_mapping, parse_shard, shard_of
 from collect.ledger import INSUFFICIENT
 from collect.summary import summarize
 
@@ -52,7 +52,11 @@ def load_task_list(cfg: CollectConfig) -> list:
     else:
         items = loaders.load_worldsense(src.path, video_root=src.media_root, subtitles_root=src.subtitles_root)
         name = str(src.path)
-    return tasks.select_tasks(items, cfg.split, cfg.limit, name)
+    selected = tasks.select_tasks(items, cfg.split, cfg.limit, name)
+    if cfg.shard is None:
+        return selected
+    k, n = parse_shard(cfg.shard)  # after split/limit: the shards of a run partition exactly its task set
+    return [t for t in selected if shard_of(t.id, n) == k]
 
 
 def load_task_corpus(cfg: CollectConfig) -> list[dict]:
@@ -202,9 +206,16 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
                 "use a new OUT, --overwrite, or --allow-mixed-config"
             )
         try:
-            old = json.loads(meta.read_text(encoding="utf-8")).get("config_hash")
+            old_meta = json.loads(meta.read_text(encoding="utf-8"))
+            old = old_meta.get("config_hash")
+            old_shard = (old_meta.get("config") or {}).get("shard")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
             raise RunDirError(f"{meta}: not a run_config.json written by collect ({e}); use a new OUT") from None
+        if old_shard != cfg.shard:  # the hash leaves the shard aside (shards share it); one OUT holds one share
+            raise RunDirError(
+                f"{out} holds trajectories of shard {old_shard!r}, not {cfg.shard!r}; use one OUT per shard "
+                "(python -m collect.merge combines them)"
+            )
         if old != cfg.hash():
             raise RunDirError(
                 f"{out} holds trajectories of another configuration (config_hash {old} != {cfg.hash()}); "
@@ -222,11 +233,11 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
     out = Path(out)
     # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
     all_tasks = load_task_list(cfg)
-    if not all_tasks:
+    if not all_tasks and cfg.shard is None:  # an empty shard is a valid (empty) share of a small task set
         raise ValueError(f"no tasks selected (source={cfg.tasks.kind}, split={cfg.split}, limit={cfg.limit})")
     tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
     judges.resolve_mode(cfg.judge.get("scoring"))  # an unknown judge.scoring fails here, before OUT is touched
-    corpus = load_task_corpus(cfg)  # a malformed corpus file fails here
+    load_task_corpus(cfg)  # a malformed corpus file fails here (each process loads it again to run)
     missing = missing_media(all_tasks, tools_cfg)
     if missing and not cfg.allow_missing_media:
         shown = ", ".join(list(missing)[:MISSING_MEDIA_SHOWN]) + (" ..." if len(missing) > MISSING_MEDIA_SHOWN else "")
@@ -242,27 +253,27 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer per OUT; the kernel also drops the lock if this process dies
     try:
-        return await _run_locked(cfg, out, all_tasks, tools_cfg, allow_mixed_config, overwrite, corpus, missing)
+        return await _run_locked(cfg, out, all_tasks, allow_mixed_config, overwrite)
     finally:
         unlock_out(lock)
 
 
-async def _run_locked(
-    cfg: CollectConfig, out: Path, all_tasks, tools_cfg, allow_mixed_config, overwrite, corpus, missing
-) -> dict:
+async def _run_tasks(cfg: CollectConfig, tasks: list, concurrency: int, emit) -> None:
+    """Run `tasks` in this process's event loop, at most `concurrency` at a time. For each finished task
+    `emit(task_id, line, None)` with its encoded trajectory line; for each task that did not finish
+    `emit(task_id, None, error)` (nothing is written for it, so a rerun with the same OUT retries it)."""
     from collect.config import build_roles
     from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
     from collect.loop import run_task
     from collect.tools import ToolBox
-    from collect.trajectory import TrajectoryWriter, read_trajectories
+    from collect.trajectory import encode_record
 
-    done = prepare_out(out, cfg, allow_mixed_config, overwrite)
-    todo = [t for t in all_tasks if t.id not in done]
-    pool = ClientPool(cfg.endpoints, concurrency=cfg.runtime.concurrency)
-    writer = TrajectoryWriter(out / "trajectories.jsonl")
-    errored: dict[str, str] = {}
-    sem = asyncio.Semaphore(max(1, cfg.runtime.concurrency))
-    bar = _progress(len(all_tasks), len(done), cfg.progress, cfg.name)
+    tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
+    pool = ClientPool(cfg.endpoints, concurrency=concurrency)
+    corpus = load_task_corpus(cfg)
+    missing = missing_media(tasks, tools_cfg) if cfg.allow_missing_media else {}  # marked in each task's meta
+    sem = asyncio.Semaphore(max(1, concurrency))
+    config_hash = cfg.hash()
 
     async def one(task):
         async with sem:
@@ -270,7 +281,7 @@ async def _run_locked(
             roles = build_roles(task, cfg.roles, cfg.endpoints, pool)
             toolbox = ToolBox(task, r0, tools_cfg, corpus=corpus)
             try:
-                rec = await run_task(task, roles, toolbox, cfg.runtime, config_hash=cfg.hash())
+                rec = await run_task(task, roles, toolbox, cfg.runtime, config_hash=config_hash)
                 if rec.get("answer") is None and rec.get("outcome") in ("insufficient", "budget_exhausted"):
                     rec["answer"] = INSUFFICIENT  # Algorithm 1, lines 17 and 20: "return insufficient"
                 with usage_scope() as judge_usage:  # the answer judge's chat calls count under role "judge"
@@ -279,29 +290,53 @@ async def _run_locked(
             except ChatError as e:
                 # An endpoint that stayed down past its retry budget: nothing is written for this task, so a rerun
                 # with the same OUT retries it. Counted in the summary.
-                errored[task.id] = redact(f"{e.kind}: {e.detail}")[:300]
-                log.warning("task %s failed after retries: %s", task.id, errored[task.id])
-                bar.update(1)
+                err = redact(f"{e.kind}: {e.detail}")[:300]
+                log.warning("task %s failed after retries: %s", task.id, err)
+                emit(task.id, None, err)
                 return
             except Exception as e:  # a bug must not cost the other tasks of a long paid run: log it, go on
-                errored[task.id] = redact(f"{type(e).__name__}: {e}")[:300]
+                err = redact(f"{type(e).__name__}: {e}")[:300]
                 log.exception("task %s crashed; it is retried on the next run with the same OUT", task.id)
-                bar.update(1)
+                emit(task.id, None, err)
                 return
             rec["correct"] = correct
             rec["judge"] = judge_info
             rec["task_meta"] = _task_meta(task, missing.get(task.id))
             rec["gold_answer"] = task.answer
             rec["question"] = task.question
-            writer.append(rec)
-            bar.update(1)
+            emit(task.id, encode_record(rec), None)
+
+    try:
+        await asyncio.gather(*(one(t) for t in tasks))
+    finally:
+        await pool.close()
+
+
+async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, allow_mixed_config, overwrite) -> dict:
+    from collect.trajectory import TrajectoryWriter, read_trajectories
+
+    done = prepare_out(out, cfg, allow_mixed_config, overwrite)
+    todo = [t for t in all_tasks if t.id not in done]
+    writer = TrajectoryWriter(out / "trajectories.jsonl")  # repairs a torn tail before anything is appended
+    errored: dict[str, str] = {}
+    bar = _progress(len(all_tasks), len(done), cfg.progress, cfg.name)
+    n_workers = max(1, min(cfg.n_workers(), len(todo), cfg.runtime.concurrency))
+
+    def emit(task_id: str, line: bytes | None, error: str | None) -> None:
+        if line is not None:
+            writer.append_line(line)  # the only writer of OUT/trajectories.jsonl is this (the locking) process
+        else:
+            errored[task_id] = error
+        bar.update(1)
 
     t0 = time.perf_counter()
     try:
-        await asyncio.gather(*(one(t) for t in todo))
+        if n_workers == 1:
+            await _run_tasks(cfg, todo, cfg.runtime.concurrency, emit)
+        else:
+            _run_workers(cfg, todo, n_workers, emit)
     finally:
         bar.close()
-        await pool.close()
     wall = time.perf_counter() - t0
     wanted = {t.id for t in all_tasks}
     records = [r for r in read_trajectories(out / "trajectories.jsonl") if r["task_id"] in wanted]
@@ -309,10 +344,110 @@ async def _run_locked(
     summary = summarize(records, prices_configured=priced)
     summary.update({"config_hash": cfg.hash(), "split": cfg.split, "arm": cfg.runtime.arm, "wall_s": round(wall, 2)})
     summary["errored_tasks"] = errored  # retried on the next run with the same OUT
+    summary["workers"] = n_workers
+    if cfg.shard is not None:
+        summary["shard"] = cfg.shard
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / "summary.json")
     return summary
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Worker processes (cfg.workers > 1). Each worker runs its share of the tasks in its own event loop with its share of
+# the concurrency, encodes each finished record itself (the JSON encoding is most of the cost of a record) and sends
+# the line to the parent over its own pipe; the parent, which holds the OUT lock, is the only process that appends to
+# trajectories.jsonl. Why a pipe rather than every worker appending to the file: a worker SIGKILLed inside its
+# `os.write` of a large record can leave a partial line with no newline, and the next record appended by another
+# worker would be glued onto it and lost; a message torn by a dead worker is only ever that worker's own record, and
+# the parent never writes it. A worker that dies loses only its own unfinished tasks: they are listed in
+# `errored_tasks` and retried by the next run with the same OUT (not re-dispatched in this run, so a task that kills
+# its worker cannot take the others down one after another). Workers exit when the parent dies.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _shares(items: list, n: int) -> list[list]:
+    return [items[i::n] for i in range(n)]
+
+
+def _run_workers(cfg: CollectConfig, todo: list, n_workers: int, emit) -> None:
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (tokenizers, HTTP)
+    conc = cfg.runtime.concurrency
+    pending: dict = {}  # read end -> (process, task ids not yet reported)
+    try:
+        for i, share in enumerate(_shares(todo, n_workers)):
+            ids = [t.id for t in share]
+            rd, wr = ctx.Pipe(duplex=False)
+            share_conc = conc // n_workers + (i < conc % n_workers)
+            p = ctx.Process(
+                target=_worker_main,
+                args=(cfg, ids, share_conc, wr, os.getpid()),
+                name=f"collect-worker-{i}",
+                daemon=True,
+            )
+            p.start()
+            wr.close()  # only the worker holds the write end: its death is an EOF here
+            log.info("worker %d (pid %d): %d task(s), concurrency %d", i, p.pid, len(ids), share_conc)
+            pending[rd] = (p, set(ids))
+        while pending:
+            for rd in wait(list(pending)):
+                p, left = pending[rd]
+                try:
+                    msg = rd.recv_bytes()
+                except (EOFError, OSError):
+                    msg = None
+                if msg is None or msg == b"end":
+                    del pending[rd]
+                    rd.close()
+                    p.join(timeout=10)
+                    if left:  # the worker died (or ended) before reporting these: retried on the next run
+                        why = f"worker process {p.pid} exited (code {p.exitcode}) before this task finished"
+                        log.warning("%s: %d task(s) not finished; rerun with the same OUT", why, len(left))
+                        for tid in sorted(left):
+                            emit(tid, None, why)
+                    continue
+                head, _, line = msg.partition(b"\n")
+                task_id, error = json.loads(head)
+                left.discard(task_id)
+                emit(task_id, line if error is None else None, error)
+    finally:
+        for p, _ in pending.values():  # only on an error in the parent: do not leave workers running
+            p.terminate()
+        for p, _ in pending.values():
+            p.join(timeout=10)
+
+
+def _worker_main(cfg: CollectConfig, task_ids: list[str], concurrency: int, conn, parent_pid: int) -> None:
+    setup_logging()
+    wanted = set(task_ids)
+    tasks = [t for t in load_task_list(cfg) if t.id in wanted]
+
+    def send(task_id: str, line: bytes | None, error: str | None) -> None:
+        head = json.dumps([task_id, error]).encode()
+        try:
+            conn.send_bytes(head + b"\n" + (line or b""))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            os._exit(1)  # the parent is gone: nothing may be written for it any more
+
+    async def main() -> None:
+        async def orphan_watch() -> None:  # a SIGKILLed parent closes no pipe we would notice until the next send
+            while True:
+                await asyncio.sleep(0.25)
+                if os.getppid() != parent_pid:
+                    os._exit(1)
+
+        watch = asyncio.create_task(orphan_watch())
+        try:
+            await _run_tasks(cfg, tasks, concurrency, send)
+        finally:
+            watch.cancel()
+
+    asyncio.run(main())
+    conn.send_bytes(b"end")
+    conn.close()
 
 
 def run_collection(cfg: CollectConfig, out: str | os.PathLike, **kw: Any) -> dict:

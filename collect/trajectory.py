@@ -45,6 +45,15 @@ def repair_tail(path: str | Path) -> int:
         return len(data) - keep
 
 
+def encode_record(record: dict) -> bytes:
+    """One record as its JSONL line (UTF-8, trailing newline); the bytes `TrajectoryWriter.append` writes."""
+    text = json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n"
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a lone surrogate slipped past the boundary: write valid UTF-8 all the same
+        return (json.dumps(scrub_record(record), ensure_ascii=False, sort_keys=False) + "\n").encode()
+
+
 class TrajectoryWriter:
     """Append finished task records to a JSONL file (one line each, atomic append + fsync)."""
 
@@ -56,11 +65,10 @@ class TrajectoryWriter:
             warnings.warn(f"{self.path}: removed a torn last line ({removed} bytes) before appending", stacklevel=2)
 
     def append(self, record: dict) -> None:
-        text = json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n"
-        try:
-            line = text.encode()
-        except UnicodeEncodeError:  # a lone surrogate slipped past the boundary: write valid UTF-8 all the same
-            line = (json.dumps(scrub_record(record), ensure_ascii=False, sort_keys=False) + "\n").encode()
+        self.append_line(encode_record(record))
+
+    def append_line(self, line: bytes) -> None:
+        """Append one line made by `encode_record` (worker processes encode, the parent writes: collect/run.py)."""
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             written = os.write(fd, line)

@@ -49,6 +49,7 @@ class EvalConfig:
         metadata={"help": "defaults for checkpoint planners served locally"},
     )
     concurrency: int | None = field(default=None, metadata={"help": "override runtime.concurrency"})
+    workers: int | str | None = field(default=None, metadata={"help": "override the collect `workers` (N | auto)"})
 
     def __post_init__(self):
         if not self.planners:
@@ -115,7 +116,7 @@ def planner_endpoint(spec, defaults: dict):
 
 def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    base = load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit})
+    base = load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit, "workers": cfg.workers})
     cells: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
     for pname, spec in cfg.planners.items():
@@ -168,10 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planner", default=None, help="offline | checkpoint dir | URL#model (replaces `planners`)")
     ap.add_argument("--out", default="runs/eval")
     ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--workers", default=None, help="worker processes per cell: N or 'auto' (docs/scale.md)")
     args = ap.parse_args(argv)
     setup_logging()
     try:
         cfg = load_eval_config(args.config, args.planner)
+        if args.workers is not None:
+            cfg.workers = args.workers
         summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)

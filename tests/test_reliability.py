@@ -258,3 +258,103 @@ def test_api_key_is_used_but_appears_in_no_trajectory_summary_report_or_log(tmp_
     for p in files:
         assert secret not in p.read_text(errors="ignore"), p
     assert secret not in r.stdout and secret not in r.stderr
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# 6. worker processes (workers > 1): SIGKILL of one worker or of the parent
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _worker_pids(parent: int, want: int, timeout: float = 90.0) -> list[int]:
+    """Pids of the parent's multiprocessing workers (spawned children; not its resource tracker)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            kids = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            kids = []
+        pids = []
+        for k in kids:
+            try:
+                cmd = Path(f"/proc/{k}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+                pids.append(int(k))
+        if len(pids) >= want:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"{want} worker processes of {parent} did not start")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_lines(traj: Path, k: int, timeout: float = 90.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and (not traj.exists() or len(traj.read_text().splitlines()) < k):
+        time.sleep(0.05)
+
+
+def test_sigkill_of_one_worker_loses_only_its_unfinished_tasks_and_a_rerun_finishes_them_once(tmp_path):
+    n = 16
+    with FakeChatServer() as srv:
+        srv.default("planner", tool_call("finish", {"answer": "unknown"}, delay_s=0.3))
+        cfg = write_config(tmp_path / "c.yaml", srv.base_url, concurrency=2)
+        out = tmp_path / "out"
+        cmd = [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out), "--limit", str(n)]
+        proc = subprocess.Popen([*cmd, "--workers", "2"], cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL)
+        workers = _worker_pids(proc.pid, 2)
+        traj = out / "trajectories.jsonl"
+        _wait_lines(traj, 3)
+        os.kill(workers[0], signal.SIGKILL)
+        rc = proc.wait(timeout=120)
+        assert rc == 3, "unfinished tasks make the run exit 3"
+        first = lines(traj)
+        summary = json.loads((out / "summary.json").read_text())
+        errored = summary["errored_tasks"]
+        assert 3 <= len(first) < n and errored, "the kill landed mid-run"
+        assert all("exited" in why for why in errored.values())
+        ids = [r["task_id"] for r in first]
+        assert len(ids) == len(set(ids)) and len(ids) + len(errored) == n, "the other worker's results were all kept"
+        assert not set(ids) & set(errored)
+        rerun = subprocess.run([*cmd, "--workers", "2"], cwd=ROOT, env=_env(), capture_output=True, text=True)
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+    ids2 = [r["task_id"] for r in lines(traj)]
+    assert len(ids2) == n and len(set(ids2)) == n, "every task exactly once"
+    assert ids2[: len(ids)] == ids and set(ids2[len(ids) :]) == set(errored), "only the lost tasks were rerun"
+
+
+def test_sigkill_of_the_parent_stops_its_workers_and_a_rerun_finds_every_task_exactly_once(tmp_path):
+    n = 16
+    with FakeChatServer() as srv:
+        srv.default("planner", tool_call("finish", {"answer": "unknown"}, delay_s=0.3))
+        cfg = write_config(tmp_path / "c.yaml", srv.base_url, concurrency=2)
+        out = tmp_path / "out"
+        cmd = [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out), "--limit", str(n)]
+        cmd += ["--workers", "2"]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        workers = _worker_pids(proc.pid, 2)
+        traj = out / "trajectories.jsonl"
+        _wait_lines(traj, 3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.time() + 15
+        while time.time() < deadline and any(_alive(w) for w in workers):
+            time.sleep(0.05)
+        assert not any(_alive(w) for w in workers), "orphaned workers must stop"
+        partial = lines(traj)
+        assert 3 <= len(partial) < n, f"kill should land mid-run, got {len(partial)} finished"
+        time.sleep(1.0)  # nothing is written after the parent is gone
+        assert lines(traj) == partial
+        rerun = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
+        assert rerun.returncode == 0, rerun.stderr[-2000:]
+    ids = [r["task_id"] for r in lines(traj)]
+    assert len(ids) == n and len(set(ids)) == n, "every task exactly once"
+    assert ids[: len(partial)] == [r["task_id"] for r in partial]
+    assert json.loads((out / "summary.json").read_text())["n_tasks"] == n
