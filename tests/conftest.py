@@ -1,4 +1,10 @@
+"""Session-wide fixtures: recorded teacher runs of the real runtime and the tiny model, each built once per session.
+
+Nothing here is a test module's helper copied around: every test that needs planner states, trajectories or a tiny
+checkpoint takes them from these fixtures (tests/fakes.py holds the scripted fake OpenAI-compatible server)."""
+
 import os
+import time
 
 import pytest
 
@@ -22,3 +28,52 @@ def pytest_collection_modifyitems(config, items):
                 import vllm  # noqa: F401
             except ImportError:
                 item.add_marker(pytest.mark.skip(reason="needs vllm (GPU extra)"))
+
+
+# ---- recorded teacher scenarios (collect.teacher_runs: the real collect engine, loop, teacher, tools, judge) -----
+
+N_RECORDED = 24  # the first 24 train tasks: four of each of the six families
+
+
+@pytest.fixture(scope="session")
+def recorded_runs():
+    """Judged trajectories of the first 24 train tasks; a quarter of them (seeded) are the one-step-budget runs,
+    judged incorrect unless the task is unanswerable. Shared: copy before mutating."""
+    from collect import teacher_runs
+
+    return teacher_runs.trajectories(N_RECORDED, "train", wrong_share=0.25, seed=0)
+
+
+@pytest.fixture(scope="session")
+def recorded_correct_runs():
+    """The full-budget teacher trajectories of the same 24 tasks (all judged correct). Shared: copy before mutating."""
+    from collect import teacher_runs
+
+    return teacher_runs.trajectories(N_RECORDED, "train")
+
+
+@pytest.fixture(scope="session")
+def recorded_states(recorded_correct_runs):
+    """rl_states rows (collect.harvest's format) of every decision step of recorded_correct_runs."""
+    from collect import teacher_runs
+
+    return teacher_runs.rl_rows(recorded_correct_runs)
+
+
+# ---- the tiny model ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model_build(tmp_path_factory):
+    """(path, build seconds) of sft.tiny.build_tiny_model with its default tokenizer text, built once per session.
+    Read-only: a test that trains it copies it first."""
+    from sft.tiny import build_tiny_model
+
+    t0 = time.time()
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "base", seed=0)
+    return path, time.time() - t0
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_build):
+    return tiny_model_build[0]
