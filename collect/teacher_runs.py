@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import random
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -47,17 +46,17 @@ def _collect(split: str, n: int | None, max_steps: int | None) -> tuple[str, ...
     return tuple(json.dumps(r, ensure_ascii=False) for r in records)
 
 
-def trajectories(n: int | None = None, split: str = "train", *, wrong_share: float = 0.0, seed: int = 0) -> list[dict]:
+def trajectories(n: int | None = None, split: str = "train", *, wrong_share: float = 0.0) -> list[dict]:
     """Trajectory records (docs/trajectory.md, judged) of the first n tasks of an embedded split (all when None).
 
-    wrong_share: the share of tasks (drawn with `seed`) whose record is the one-step-budget run instead, judged
-    incorrect unless the task is unanswerable."""
+    wrong_share: that share of the tasks, spread evenly (every 4th task for 0.25), get the one-step-budget
+    run's record instead, judged incorrect unless the task is unanswerable."""
     full = _collect(split, n, None)
     if wrong_share <= 0.0:
         return [json.loads(r) for r in full]
     short = _collect(split, n, 1)
-    rng = random.Random(seed)
-    return [json.loads(s if rng.random() < wrong_share else f) for f, s in zip(full, short, strict=True)]
+    picked = [int((i + 1) * wrong_share) > int(i * wrong_share) for i in range(len(full))]
+    return [json.loads(s if p else f) for f, s, p in zip(full, short, picked, strict=True)]
 
 
 def write_trajectories(path: str | Path, records: list[dict]) -> Path:

@@ -37,11 +37,11 @@ N_RECORDED = 24  # the first 24 train tasks: four of each of the six families
 
 @pytest.fixture(scope="session")
 def recorded_runs():
-    """Judged trajectories of the first 24 train tasks; a quarter of them (seeded) are the one-step-budget runs,
-    judged incorrect unless the task is unanswerable. Shared: copy before mutating."""
+    """Judged trajectories of the first 24 train tasks; every 4th is the one-step-budget run, judged incorrect unless
+    the task is unanswerable. Shared: copy before mutating."""
     from collect import teacher_runs
 
-    return teacher_runs.trajectories(N_RECORDED, "train", wrong_share=0.25, seed=0)
+    return teacher_runs.trajectories(N_RECORDED, "train", wrong_share=0.25)
 
 
 @pytest.fixture(scope="session")
