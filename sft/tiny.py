@@ -63,14 +63,14 @@ CHAT_TEMPLATE = r"""{%- if messages[0].role == 'system' %}
 
 def default_texts(seed: int = 0) -> Iterable[str]:
     """What the planner reads and writes: the embedded world's texts (questions, tracks, web corpus), the role
-    prompts, and the prompts, tool schemas and actions of recorded teacher runs of the real runtime on the first 72
+    prompts, and the prompts, tool schemas and actions of recorded teacher runs of the real runtime on the first 24
     train tasks (collect.teacher_runs)."""
     from collect import teacher_runs
     from collect.world import load_world
 
     prompts_dir = Path(__file__).resolve().parents[1] / "collect" / "roles" / "prompts"
     return itertools.chain(
-        teacher_runs.texts(n=72, split="train"),
+        teacher_runs.texts(n=24, split="train"),
         (p.read_text(encoding="utf-8") for p in sorted(prompts_dir.glob("*.md"))),
         load_world(seed=seed).texts(),
     )

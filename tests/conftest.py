@@ -64,8 +64,9 @@ def recorded_states(recorded_correct_runs):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_build(tmp_path_factory):
+def tiny_model_build(tmp_path_factory, recorded_correct_runs):
     """(path, build seconds) of sft.tiny.build_tiny_model with its default tokenizer text, built once per session.
+    Its tokenizer text includes the 24 recorded teacher runs, recorded (and cached) before the clock starts.
     Read-only: a test that trains it copies it first."""
     from sft.tiny import build_tiny_model
 
