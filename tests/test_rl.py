@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl.demo_states import build_rows, texts, write_demo_states
+from collect import teacher_runs
+from collect.harvest import harvest
 from rl.train import load_config, render_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,32 +36,37 @@ def test_config_rejects_unknown_keys_naming_the_file(tmp_path):
         load_config(str(p), {})
 
 
+# The shortest decision states the runtime produces: the three decisions of the media multiple-choice and
+# multi-asset tasks among the recorded teacher runs (tests/conftest.py), ~400-560 tokens each with the tiny tokenizer.
+SHORT_FAMILIES = ("media_mc", "multi_asset")
+
+
 @pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory):
-    from sft.tiny import build_tiny_model
+def short_runs(recorded_correct_runs):
+    runs = [r for r in recorded_correct_runs if r["task_meta"]["family"] in SHORT_FAMILIES]
+    assert len(runs) >= 4
+    return runs
 
-    d = tmp_path_factory.mktemp("tiny")
-    return build_tiny_model(d / "base", texts=texts(compact=True) * 3, seed=0, hidden_size=128, num_layers=2)
 
-
-def test_prompts_are_prerendered_with_each_rows_own_tools(tiny_base):
+def test_prompts_are_prerendered_with_each_rows_own_tools(tiny_model, short_runs):
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_base)
-    rows = build_rows(compact=True)
-    video, audio = rows[0], next(r for r in rows if r["task_id"] == "demo-song")
-    ds = render_prompts(Dataset.from_list([video, audio]), tok, {})
-    p_video, p_audio = ds["prompt"]
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = teacher_runs.rl_rows(short_runs)
+    video = next(r for r in rows if '"clip_grounding"' in r["tools"])  # a video asset: every perception tool
+    other = next(r for r in rows if '"clip_grounding"' not in r["tools"])  # image + audio: no clip grounding
+    ds = render_prompts(Dataset.from_list([video, other]), tok, {})
+    p_video, p_other = ds["prompt"]
     assert isinstance(p_video, str) and p_video.endswith("<|im_start|>assistant\n")
-    assert '"frame_confirm"' in p_video and '"frame_confirm"' not in p_audio
-    assert '"audio_scout"' in p_audio and "In which year was the bridge" in p_video
+    assert '"clip_grounding"' in p_video and '"clip_grounding"' not in p_other
+    assert '"audio_scout"' in p_other and video["question"] in p_video and other["question"] in p_other
 
 
 # ---- GRPO smoke run ------------------------------------------------------------------------------------------------
 
 
-def _warm_start(base: Path, out: Path, steps: int = 60, lr: float = 1e-2, batch: int = 8) -> Path:
+def _warm_start(base: Path, rows: list[dict], out: Path, steps: int = 60, lr: float = 1e-2, batch: int = 8) -> Path:
     """A stand-in for state-SFT: full fine-tune of the tiny model on the reference decisions (the RL start policy must
     already emit parseable actions, else every reward is equal and GRPO has no signal; stack.md)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,7 +76,7 @@ def _warm_start(base: Path, out: Path, steps: int = 60, lr: float = 1e-2, batch:
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     seqs = []
-    for r in build_rows(compact=True):
+    for r in rows:
         p = tok.apply_chat_template(
             r["prompt"], tools=json.loads(r["tools"]), add_generation_prompt=True, tokenize=False
         )
@@ -98,10 +104,13 @@ def _warm_start(base: Path, out: Path, steps: int = 60, lr: float = 1e-2, batch:
 
 
 @pytest.fixture(scope="module")
-def sft_policy(tiny_base, tmp_path_factory):
+def sft_policy(tiny_model, short_runs, tmp_path_factory):
+    """The warm-started policy and the rl_states DatasetDict harvested (collect.harvest) from the short runs."""
     d = tmp_path_factory.mktemp("rl")
-    data = write_demo_states(d / "rl_states", compact=True)
-    return _warm_start(tiny_base, d / "sft"), data, d
+    teacher_runs.write_trajectories(d / "trajectories.jsonl", short_runs)
+    stats = harvest(d / "trajectories.jsonl", d, eval_share=0.34)
+    assert stats["rl_states"]["train"] and stats["rl_states"]["eval"] >= 4
+    return _warm_start(tiny_model, teacher_runs.rl_rows(short_runs), d / "sft"), d / "rl_states", d
 
 
 def _state_dict(path: Path) -> dict:
