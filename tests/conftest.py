@@ -60,6 +60,19 @@ def recorded_states(recorded_correct_runs):
     return teacher_runs.rl_rows(recorded_correct_runs)
 
 
+# ---- scripted fake-server runs ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def closure_run():
+    """The canonical scripted closure run of the real loop against the fake server (tests/helpers/loop_script.py),
+    run once: test_loop checks its outcome, observation display and replay; test_trajectory writes and replays it.
+    Shared: copy before mutating."""
+    from tests.helpers.loop_script import closure_record
+
+    return closure_record()
+
+
 # ---- the tiny model ------------------------------------------------------------------------------------------------
 
 
