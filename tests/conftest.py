@@ -73,6 +73,17 @@ def closure_run():
     return closure_record()
 
 
+@pytest.fixture(scope="session")
+def finish_planner_server():
+    """A fake OpenAI-compatible endpoint whose planner always finishes with "unknown" (other roles: offline teacher),
+    started once for the collect-engine tests that need nothing else from the endpoint."""
+    from tests.fakes import FakeChatServer, tool_call
+
+    with FakeChatServer() as srv:
+        srv.default("planner", tool_call("finish", {"answer": "unknown"}))
+        yield srv
+
+
 # ---- the tiny model ------------------------------------------------------------------------------------------------
 
 
