@@ -64,21 +64,18 @@ CHAT_TEMPLATE = r"""{%- if messages[0].role == 'system' %}
 
 
 def default_texts(seed: int = 0) -> Iterable[str]:
-    """What the planner reads and writes: the embedded world's texts (questions, tracks, web corpus) when
-    `collect.world` exists, the role prompts, and synthetic ledger-state prompts (digest JSON, tool schemas, actions)
-    rendered with the real renderers (sft.synthetic)."""
-    from sft import synthetic
+    """What the planner reads and writes: the embedded world's texts (questions, tracks, web corpus), the role
+    prompts, and the prompts, tool schemas and actions of recorded teacher runs of the real runtime on the first 24
+    train tasks (collect.teacher_runs)."""
+    from collect import teacher_runs
+    from collect.world import load_world
 
-    parts: list[Iterable[str]] = [synthetic.texts(n=400, seed=seed)]
     prompts_dir = Path(__file__).resolve().parents[1] / "collect" / "roles" / "prompts"
-    parts.append(p.read_text(encoding="utf-8") for p in sorted(prompts_dir.glob("*.md")))
-    try:
-        from collect.world import load_world
-    except ImportError:
-        log.warning("collect.world not available: tiny tokenizer trained on synthetic ledger text only")
-    else:
-        parts.append(load_world(seed=seed).texts())
-    return itertools.chain(*parts)
+    return itertools.chain(
+        teacher_runs.texts(n=24, split="train"),
+        (p.read_text(encoding="utf-8") for p in sorted(prompts_dir.glob("*.md"))),
+        load_world(seed=seed).texts(),
+    )
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096):
@@ -174,7 +171,7 @@ def build_tiny_model(
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="build the tiny offline Qwen3 planner model")
     ap.add_argument("--out", required=True, help="output directory (save_pretrained layout)")
-    ap.add_argument("--seed", type=int, default=0, help="weight init seed (and synthetic text seed)")
+    ap.add_argument("--seed", type=int, default=0, help="weight init seed (and world seed of the tokenizer text)")
     ap.add_argument("--vocab-size", type=int, default=4096)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -372,11 +372,12 @@ JUDGE_OK = text('{"target": 0.7, "align": 0.4}', prompt_tokens=50, completion_to
 
 
 def _judge_score(srv, monkeypatch, **kw):
+    from collect import teacher_runs
     from collect.actions import Action
     from rewards.judge import JudgeConfig, JudgeState, OpenAIJudge
-    from rl.demo_states import build_rows
 
-    row = {k: v for k, v in build_rows()[1].items() if k != "prompt"}  # a demo state with an open need
+    first = teacher_runs.rl_rows(teacher_runs.trajectories(1))[0]  # a recorded first decision: open needs
+    row = {k: v for k, v in first.items() if k != "prompt"}
     candidate = Action(**json.loads(row["reference_action"])).to_text()
 
     monkeypatch.setenv("JUDGE_TEST_KEY", "sk-judge-0123456789")

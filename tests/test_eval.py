@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 import yaml
 
 from collect.ledger import OUTCOMES
 from serve.eval import format_table, load_eval_config, parse_planner_arg, run_eval
-from sft.tiny import build_tiny_model
 
 SUMMARY_KEYS = {
     "n_tasks",
@@ -47,13 +45,8 @@ class _Collect(HTMLParser):
         self.text.append(data)
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
 @pytest.mark.slow
-def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_report(tmp_path, tiny_ckpt):
+def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_report(tmp_path, tiny_model):
     cfg_path = tmp_path / "eval.yaml"
     cfg_path.write_text(
         yaml.safe_dump(
@@ -62,7 +55,7 @@ def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_re
                 "name": "e2e",
                 "split": "test",
                 "limit": 2,
-                "planners": {"teacher": "offline", "tiny": {"checkpoint": str(tiny_ckpt)}},
+                "planners": {"teacher": "offline", "tiny": {"checkpoint": str(tiny_model)}},
                 "arms": ["ledger", "react"],
                 "planner_endpoint": {"max_tokens": 24, "timeout_s": 60.0, "max_retries": 1},
             }
@@ -85,7 +78,7 @@ def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_re
     # the served planner really answered: prompt tokens were counted by the server for every planner call
     assert tiny["planner_calls"] > 0 and all(v > 0 for v in tiny["planner_prompt_tokens_by_step"].values())
     traj = (out / "cells/tiny__ledger__annotations/trajectories.jsonl").read_text().splitlines()
-    assert {json.loads(x)["models"]["planner"] for x in traj} == {tiny_ckpt.name}  # the served model, not the teacher
+    assert {json.loads(x)["models"]["planner"] for x in traj} == {tiny_model.name}  # the served model, not the teacher
     assert cells["teacher__ledger__annotations"]["accuracy"] == 1.0  # the offline reference still closes its tasks
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["cells"].keys() == cells.keys()

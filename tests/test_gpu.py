@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from sft.synthetic import write_trajectories
-from sft.tiny import build_tiny_model
+from collect import teacher_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def data_dir(tmp_path_factory, recorded_correct_runs) -> Path:
     from collect.harvest import harvest
 
     d = tmp_path_factory.mktemp("gpu-data")
-    write_trajectories(d / "trajectories.jsonl", n=40, seed=0)
+    teacher_runs.write_trajectories(d / "trajectories.jsonl", recorded_correct_runs)
     harvest(d / "trajectories.jsonl", d, eval_share=0.2)
     return d
 
@@ -51,14 +50,15 @@ def test_sft_entry_script_trains_in_bf16_on_cuda_and_merges(tmp_path, data_dir):
 
 @pytest.mark.vllm
 @pytest.mark.gpu
-def test_vllm_serves_the_tiny_checkpoint_with_tool_calls(tmp_path):
+def test_vllm_serves_the_tiny_checkpoint_with_tool_calls(tiny_model):
     """The command serve.vllm builds really starts vLLM, which answers the openai client on /v1."""
     import openai
 
     from serve.vllm import VLLMServeConfig, build_vllm_command, wait_until_ready
 
-    ckpt = build_tiny_model(tmp_path / "tiny", seed=0)
-    cfg = VLLMServeConfig(model=str(ckpt), family="qwen3", port=18931, served_model_name="tiny", max_model_len=2048)
+    cfg = VLLMServeConfig(
+        model=str(tiny_model), family="qwen3", port=18931, served_model_name="tiny", max_model_len=2048
+    )
     cmd = build_vllm_command(cfg)
     proc = subprocess.Popen(cmd, cwd=ROOT)
     try:

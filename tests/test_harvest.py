@@ -1,5 +1,8 @@
-"""collect.harvest: judged-correct trajectories -> SFT rows and RL states, split by task id."""
+"""collect.harvest: judged-correct trajectories -> SFT rows and RL states, split by task id. The trajectories are the
+session's recorded teacher runs of the real runtime (tests/conftest.py); the incorrect ones are real one-step-budget
+runs judged wrong."""
 
+import copy
 import json
 
 import pytest
@@ -7,21 +10,22 @@ from datasets import load_from_disk
 
 from collect.harvest import harvest, split_of
 from collect.ledger import ledger_from_dict, ready
-from sft import synthetic
 
 
 @pytest.fixture(scope="module")
-def harvested(tmp_path_factory):
+def harvested(tmp_path_factory, recorded_runs):
     d = tmp_path_factory.mktemp("harvest")
-    trajs = list(synthetic.trajectories(40, seed=3))
-    trajs[0]["correct"] = False
-    trajs[1]["correct"] = None
-    trajs[2]["steps"][0]["action"] = None  # planner produced no valid action at this step
-    trajs[3]["steps"][0]["action"] = {"name": "teleport", "arguments": {}}  # not in this step's tools
+    trajs = copy.deepcopy(recorded_runs)
+    wrong = [t for t in trajs if t["correct"] is not True]
+    right = [t for t in trajs if t["correct"] is True]
+    assert len(wrong) >= 2 and all(t["outcome"] == "budget_exhausted" for t in wrong)
+    # what the loop records for a step whose planner reply did not parse (a ModelError step): no action
+    right[0]["steps"][0]["action"] = None
+    right[1]["steps"][0]["action"] = {"name": "teleport", "arguments": {}}  # not in this step's tools
     path = d / "traj.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in trajs))
     stats = harvest(path, d / "data", eval_share=0.25, seed=0)
-    return trajs, d / "data", stats
+    return trajs, wrong, right, d / "data", stats
 
 
 def _jsonl(path):
@@ -29,15 +33,16 @@ def _jsonl(path):
 
 
 def test_only_judged_correct_tasks_contribute(harvested):
-    trajs, data, stats = harvested
+    trajs, wrong, right, data, stats = harvested
     ids = {r["task_id"] for s in ("train", "eval") for r in _jsonl(data / f"sft.{s}.jsonl")}
-    assert trajs[0]["task_id"] not in ids and trajs[1]["task_id"] not in ids
-    assert ids == {t["task_id"] for t in trajs if t["correct"] is True}
-    assert stats["tasks_dropped_not_correct"] == 2 and stats["tasks_kept"] == 38
+    assert not ids & {t["task_id"] for t in wrong}
+    assert ids == {t["task_id"] for t in right}
+    assert stats["tasks_dropped_not_correct"] == len(wrong) and stats["tasks_kept"] == len(right)
+    assert stats["tasks_seen"] == len(trajs)
 
 
 def test_sft_prompt_is_byte_identical_to_planner_input(harvested):
-    trajs, data, _ = harvested
+    trajs, _, _, data, _ = harvested
     by_key = {(t["task_id"], s["t"]): s for t in trajs for s in t["steps"]}
     ds = load_from_disk(str(data / "sft"))
     for split in ("train", "eval"):
@@ -57,18 +62,19 @@ def test_sft_prompt_is_byte_identical_to_planner_input(harvested):
 
 
 def test_null_and_invalid_actions_do_not_become_rows(harvested):
-    trajs, data, stats = harvested
+    _, _, right, data, stats = harvested
     keys = {(r["task_id"], r["step"]) for s in ("train", "eval") for r in _jsonl(data / f"sft.{s}.jsonl")}
-    assert (trajs[2]["task_id"], 0) not in keys and (trajs[3]["task_id"], 0) not in keys
-    assert (trajs[2]["task_id"], 1) in keys
+    first, second = (right[k]["steps"] for k in (0, 1))
+    assert (right[0]["task_id"], first[0]["t"]) not in keys and (right[1]["task_id"], second[0]["t"]) not in keys
+    assert (right[0]["task_id"], first[1]["t"]) in keys
     assert stats["steps_null_action"] == 1 and stats["steps_invalid_action"] == 1
-    n_decisions = sum(len(t["steps"]) for t in trajs if t["correct"] is True) - 2
+    n_decisions = sum(len(t["steps"]) for t in right) - 2
     assert stats["sft_rows_by_kind"]["decision"] == n_decisions == sum(stats["rl_states"].values())
     assert sum(stats["action_distribution"].values()) == n_decisions
 
 
 def test_no_task_in_both_train_and_eval_and_split_is_deterministic(harvested):
-    _, data, stats = harvested
+    *_, data, stats = harvested
     for name in ("sft", "rl_states"):
         ds = load_from_disk(str(data / name))
         train, ev = set(ds["train"]["task_id"]), set(ds["eval"]["task_id"])
@@ -79,7 +85,7 @@ def test_no_task_in_both_train_and_eval_and_split_is_deterministic(harvested):
 
 
 def test_rl_state_rebuilds_the_ledger_the_planner_saw(harvested):
-    trajs, data, _ = harvested
+    trajs, _, _, data, _ = harvested
     rows = _jsonl(data / "rl_states.train.jsonl") + _jsonl(data / "rl_states.eval.jsonl")
     by_key = {(t["task_id"], s["t"]): s for t in trajs for s in t["steps"]}
     for r in rows:
@@ -93,10 +99,10 @@ def test_rl_state_rebuilds_the_ledger_the_planner_saw(harvested):
 
 
 def test_need_parse_rows_carry_the_declared_needs(harvested):
-    trajs, data, _ = harvested
+    trajs, _, right, data, _ = harvested
     rows = [r for s in ("train", "eval") for r in _jsonl(data / f"sft.{s}.jsonl") if r["kind"] == "need_parse"]
     by_id = {t["task_id"]: t for t in trajs}
-    assert len(rows) == 38
+    assert len(rows) == len(right)
     for r in rows:
         t = by_id[r["task_id"]]
         assert r["prompt"] == t["need_parse"]["input"]["messages"] and r["tools"] == "[]"
@@ -107,7 +113,7 @@ def test_datasets_do_not_depend_on_the_order_tasks_finished_in(harvested, tmp_pa
     """Concurrent collect appends tasks in completion order; the harvested rows must not depend on it."""
     import random
 
-    trajs, data, _ = harvested
+    trajs, _, _, data, _ = harvested
     shuffled = trajs[:]
     random.Random(7).shuffle(shuffled)
     path = tmp_path / "shuffled.jsonl"

@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from collect.ledger import TERMINAL_STATUSES, ready, replay, state_hash
-from tests.test_ledger_props import _states, event_seqs
+from tests.helpers.ledger_events import event_seqs, states_of
 
 SEQUENCES = int(os.environ.get("LEDGER_FUZZ_SEQUENCES", "10000"))
 
 
 def check_invariants(events) -> None:
-    states = _states(events)
+    states = states_of(events)
     # determinism: replaying the same events gives the same state and hash
     again = replay(list(events))
     assert again == states[-1] and state_hash(again) == state_hash(states[-1])

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from collect import teacher_runs
 from collect.harvest import harvest
-from sft import synthetic
 from sft.tiny import train_tokenizer
 from sft.train import checkpoint_keys, main, parse_args
 
@@ -69,9 +69,9 @@ def vllm_name(name: str, mapper: dict[str, str]) -> str | None:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("arch")
-    synthetic.write_trajectories(d / "traj.jsonl", 8, seed=2)
+    teacher_runs.write_trajectories(d / "traj.jsonl", teacher_runs.trajectories(8))
     harvest(d / "traj.jsonl", d / "data", eval_share=0.3)
-    tok = train_tokenizer(synthetic.texts(n=30, seed=0), vocab_size=1024)
+    tok = train_tokenizer(teacher_runs.texts(12), vocab_size=1024)
     return d, tok
 
 

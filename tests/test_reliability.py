@@ -52,8 +52,14 @@ def write_config(path: Path, base_url: str, **over) -> Path:
 
 
 def lines(path: Path) -> list[dict]:
-    raw = path.read_text().splitlines()
-    return [json.loads(x) for x in raw]  # every line must be valid JSON
+    """Every complete line must be valid JSON. A SIGKILL can cut the last write short (Linux stops a multi-page
+    write to a regular file at a fatal signal), leaving a last line without its newline: the documented torn tail
+    that the next writer repairs and every reader skips. Anything else torn is a failure."""
+    text = path.read_text()
+    raw = text.splitlines()
+    if raw and not text.endswith("\n"):
+        raw = raw[:-1]
+    return [json.loads(x) for x in raw]
 
 
 def _env():
@@ -90,15 +96,14 @@ def test_sigkill_mid_run_then_rerun_finds_every_task_exactly_once(tmp_path):
     assert summary["n_tasks"] == n
 
 
-def test_changed_config_refuses_to_mix_into_an_old_out(tmp_path):
-    with FakeChatServer() as srv:
-        srv.default("planner", FINISH)
-        out = tmp_path / "out"
-        run_collection(load_config(write_config(tmp_path / "a.yaml", srv.base_url, limit=2)), out)
-        other = load_config(write_config(tmp_path / "b.yaml", srv.base_url, limit=2, endpoint={"temperature": 0.7}))
-        with pytest.raises(RuntimeError, match="another configuration"):
-            run_collection(other, out)
-        run_collection(other, out, allow_mixed_config=True)  # told to: allowed
+def test_changed_config_refuses_to_mix_into_an_old_out(tmp_path, finish_planner_server):
+    srv = finish_planner_server
+    out = tmp_path / "out"
+    run_collection(load_config(write_config(tmp_path / "a.yaml", srv.base_url, limit=2)), out)
+    other = load_config(write_config(tmp_path / "b.yaml", srv.base_url, limit=2, endpoint={"temperature": 0.7}))
+    with pytest.raises(RuntimeError, match="another configuration"):
+        run_collection(other, out)
+    run_collection(other, out, allow_mixed_config=True)  # told to: allowed
     assert len(lines(out / "trajectories.jsonl")) == 2  # same task ids: already finished, skipped
 
 
@@ -232,22 +237,22 @@ def test_missing_media_is_reported_per_task(tmp_path):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_api_key_is_used_but_appears_in_no_trajectory_summary_report_or_log(tmp_path):
+def test_api_key_is_used_but_appears_in_no_trajectory_summary_report_or_log(tmp_path, finish_planner_server):
     secret = "sk-od-test-" + "9f3a7c1e5b2d4a6f8e0c"
-    with FakeChatServer() as srv:
-        srv.default("planner", FINISH)
-        cfg = write_config(tmp_path / "c.yaml", srv.base_url, limit=3, endpoint={"api_key_env": "OD_TEST_KEY"})
-        out = tmp_path / "out"
-        r = subprocess.run(
-            [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out)],
-            cwd=ROOT,
-            env={**_env(), "OD_TEST_KEY": secret},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert r.returncode == 0, r.stderr[-2000:]
-        auth = [h for h in srv.auth_headers if h]
+    srv = finish_planner_server
+    seen_before = len(srv.auth_headers)  # the server is shared: look only at this run's requests
+    cfg = write_config(tmp_path / "c.yaml", srv.base_url, limit=3, endpoint={"api_key_env": "OD_TEST_KEY"})
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out)],
+        cwd=ROOT,
+        env={**_env(), "OD_TEST_KEY": secret},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    auth = [h for h in srv.auth_headers[seen_before:] if h]
     assert auth and all(secret in h for h in auth), "the key must reach the endpoint"
     from serve.report import write_report
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,12 +16,6 @@ from collect.ledger import ready
 from rewards import REWARD_FUNCS, score_components, total, weights_list
 from rewards.judge import JudgeConfig, OfflineJudge, OpenAIJudge, align, build_judge, target, use_judge
 from rewards.rules import gate, ledger_of, valid
-from rl.demo_states import build_rows
-
-ROWS = build_rows()
-OPEN = ROWS[1]  # demo-bridge step 1: need 0 filled, need 1 (web, depends on 0) open
-READY = ROWS[2]  # demo-bridge step 2: everything filled, reference = finish("1932")
-CONFLICT = ROWS[3]  # demo-bridge step 3: a second source disagrees -> unresolved conflict
 
 
 def cols(row: dict, n: int) -> dict:
@@ -31,18 +26,52 @@ def ref_text(row: dict) -> str:
     return Action(**json.loads(row["reference_action"])).to_text()
 
 
-def test_fixture_states_have_the_readiness_the_tests_assume():
-    assert not ready(ledger_of(OPEN["ledger"]))
-    assert ready(ledger_of(READY["ledger"]))
-    assert not ready(ledger_of(CONFLICT["ledger"])) and ledger_of(CONFLICT["ledger"]).unresolved_conflicts()
+def _finish(answer: str) -> str:
+    return Action("finish", {"answer": answer}).to_text()
+
+
+@pytest.fixture(scope="module")
+def st(recorded_states):
+    """Three decision states of the session's recorded teacher runs (tests/conftest.py):
+    open: an anchor need filled, the dependent web need 1 open; the teacher's reference is web_search for need 1;
+    ready: the evidence is closed, the reference is finish with the gold answer;
+    conflict: a second source disagreed on a filled value: unresolved conflict, finish gated."""
+
+    def ref(r):
+        return json.loads(r["reference_action"])
+
+    def led(r):
+        return ledger_of(r["ledger"])
+
+    open_ = next(
+        r
+        for r in recorded_states
+        if ref(r)["name"] == "web_search" and ref(r)["arguments"].get("need_index") == 1 and led(r).needs[0].value
+    )
+    ready_ = next(r for r in recorded_states if ref(r)["name"] == "finish")
+    conflict = next(r for r in recorded_states if led(r).unresolved_conflicts())
+    tools = {t["function"]["name"]: t["function"]["parameters"] for t in json.loads(open_["tools"])}
+    return SimpleNamespace(
+        open=open_,
+        ready=ready_,
+        conflict=conflict,
+        finish=_finish(ready_["gold_answer"]),
+        asset=tools["frame_confirm"]["properties"]["asset_id"]["enum"][0],
+    )
+
+
+def test_fixture_states_have_the_readiness_the_tests_assume(st):
+    assert not ready(ledger_of(st.open["ledger"]))
+    assert ready(ledger_of(st.ready["ledger"])) and st.finish == ref_text(st.ready)  # the teacher's answer is gold
+    assert not ready(ledger_of(st.conflict["ledger"])) and ledger_of(st.conflict["ledger"]).unresolved_conflicts()
 
 
 # ---- valid ---------------------------------------------------------------------------------------------------------
 
 
-def test_valid_accepts_the_reference_action_as_text_and_as_conversational_message():
-    c = [ref_text(OPEN), [{"role": "assistant", "content": ref_text(OPEN)}]]
-    assert valid(c, **cols(OPEN, 2)) == [1.0, 1.0]
+def test_valid_accepts_the_reference_action_as_text_and_as_conversational_message(st):
+    c = [ref_text(st.open), [{"role": "assistant", "content": ref_text(st.open)}]]
+    assert valid(c, **cols(st.open, 2)) == [1.0, 1.0]
 
 
 @pytest.mark.parametrize(
@@ -54,38 +83,36 @@ def test_valid_accepts_the_reference_action_as_text_and_as_conversational_messag
         '<tool_call>\n{"name": "google", "arguments": {"query": "x"}}\n</tool_call>',  # unknown tool
         '<tool_call>\n{"name": "web_search", "arguments": {"query": "x", "need_index": "one"}}\n</tool_call>',  # type
         '<tool_call>\n{"name": "web_search", "arguments": {"need_index": 1}}\n</tool_call>',  # missing required
-        '<tool_call>\n{"name": "finish", "arguments": {"answer": "1932", "why": 1}}\n</tool_call>',  # extra field
+        '<tool_call>\n{"name": "web_search", "arguments": {"query": "x", "why": 1}}\n</tool_call>',  # extra field
         '<tool_call>\n{"name": "finish", "arguments": {"answer": "a"}}\n</tool_call>'
         '<tool_call>\n{"name": "finish", "arguments": {"answer": "b"}}\n</tool_call>',  # two calls
     ],
     ids=["bad_json", "unterminated", "no_action", "unknown_tool", "arg_type", "arg_missing", "arg_extra", "two_calls"],
 )
-def test_valid_rejects_malformed_unknown_or_schema_violating_actions(completion):
-    assert valid([completion], **cols(OPEN, 1)) == [0.0]
+def test_valid_rejects_malformed_unknown_or_schema_violating_actions(st, completion):
+    assert valid([completion], **cols(st.open, 1)) == [0.0]
 
 
-def test_valid_uses_the_rows_own_tool_set():
+def test_valid_uses_the_rows_own_tool_set(st):
     # frame_confirm exists for the video task but not in a tool set without perception tools
-    c = '<tool_call>\n{"name": "frame_confirm", "arguments": {"asset_id": "video1", "query": "q"}}\n</tool_call>'
-    row = dict(OPEN)
+    c = Action("frame_confirm", {"asset_id": st.asset, "query": "q"}).to_text()
+    row = dict(st.open)
     assert valid([c], **cols(row, 1)) == [1.0]
-    row["tools"] = json.dumps([t for t in json.loads(OPEN["tools"]) if t["function"]["name"] != "frame_confirm"])
+    row["tools"] = json.dumps([t for t in json.loads(st.open["tools"]) if t["function"]["name"] != "frame_confirm"])
     assert valid([c], **cols(row, 1)) == [0.0]
 
 
 # ---- gate ----------------------------------------------------------------------------------------------------------
 
-FINISH = '<tool_call>\n{"name": "finish", "arguments": {"answer": "1932"}}\n</tool_call>'
+
+def test_gate_zero_for_premature_finish_and_one_for_finish_when_ready(st):
+    assert gate([st.finish], **cols(st.open, 1)) == [0.0]
+    assert gate([st.finish], **cols(st.ready, 1)) == [1.0]
 
 
-def test_gate_zero_for_premature_finish_and_one_for_finish_when_ready():
-    assert gate([FINISH], **cols(OPEN, 1)) == [0.0]
-    assert gate([FINISH], **cols(READY, 1)) == [1.0]
-
-
-def test_gate_zero_for_finish_with_unresolved_conflict_and_one_for_tool_calls():
-    assert gate([FINISH], **cols(CONFLICT, 1)) == [0.0]
-    assert gate([ref_text(OPEN), "garbage"], **cols(OPEN, 2)) == [1.0, 1.0]
+def test_gate_zero_for_finish_with_unresolved_conflict_and_one_for_tool_calls(st):
+    assert gate([st.finish], **cols(st.conflict, 1)) == [0.0]
+    assert gate([ref_text(st.open), "garbage"], **cols(st.open, 2)) == [1.0, 1.0]
 
 
 # ---- offline judge -------------------------------------------------------------------------------------------------
@@ -95,33 +122,30 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_offline_judge_ranks_reference_above_off_target_actions():
+def test_offline_judge_ranks_reference_above_off_target_actions(st):
     use_judge(OfflineJudge())
-    ref = ref_text(OPEN)  # web_search for need 1 with the upstream value in the query
+    ref = ref_text(st.open)  # web_search for need 1 with the upstream value in the query
     off_need = (
-        '<tool_call>\n{"name": "web_search", "arguments": {"query": "bridge name", "need_index": 0}}\n</tool_call>'
+        '<tool_call>\n{"name": "web_search", "arguments": {"query": "anchor name", "need_index": 0}}\n</tool_call>'
     )
-    off_tool = (
-        '<tool_call>\n{"name": "audio_scout", "arguments": '
-        '{"asset_id": "video1", "query": "weather", "need_index": 1}}\n</tool_call>'
-    )
-    c = [ref, off_need, off_tool, FINISH]
-    t = run(target(c, **cols(OPEN, 4)))
-    a = run(align(c, **cols(OPEN, 4)))
+    off_tool = Action("audio_scout", {"asset_id": st.asset, "query": "weather", "need_index": 1}).to_text()
+    c = [ref, off_need, off_tool, st.finish]
+    t = run(target(c, **cols(st.open, 4)))
+    a = run(align(c, **cols(st.open, 4)))
     assert a[0] == 1.0 and t[0] > 0.9
     assert t[0] > t[2] > t[1] == 0.0  # need 0 is already filled: targeting it cannot advance anything
     assert a[0] > max(a[1:])
     assert t[3] == a[3] == 0.0  # premature finish
-    tot = total({"valid": valid(c, **cols(OPEN, 4)), "gate": gate(c, **cols(OPEN, 4)), "target": t, "align": a})
+    tot = total({"valid": valid(c, **cols(st.open, 4)), "gate": gate(c, **cols(st.open, 4)), "target": t, "align": a})
     assert tot[0] == pytest.approx(1.0) and tot[0] > max(tot[1:])
 
 
-def test_offline_judge_finish_needs_closed_evidence_and_the_gold_answer():
+def test_offline_judge_finish_needs_closed_evidence_and_the_gold_answer(st):
     use_judge(OfflineJudge())
-    wrong = '<tool_call>\n{"name": "finish", "arguments": {"answer": "1850"}}\n</tool_call>'
-    a = run(align([FINISH, wrong], **cols(READY, 2)))
+    wrong = _finish("a wrong answer")
+    a = run(align([st.finish, wrong], **cols(st.ready, 2)))
     assert a[0] == 1.0 and a[1] < 0.5
-    assert run(align([FINISH], **cols(CONFLICT, 1))) == [0.0]
+    assert run(align([st.finish], **cols(st.conflict, 1))) == [0.0]
 
 
 def test_reward_table_and_weights_follow_the_paper():
@@ -210,11 +234,11 @@ def judge_for(srv: FakeJudgeServer, **kw) -> OpenAIJudge:
 
 
 @pytest.mark.parametrize("fake_server", ["500", "garbage", "out_of_range"], indirect=True)
-def test_judge_failure_is_skipped_as_none_counted_and_logged_not_zero(fake_server):
+def test_judge_failure_is_skipped_as_none_counted_and_logged_not_zero(st, fake_server):
     judge = judge_for(fake_server)
     logged: dict[str, list[float]] = {}
-    kw = cols(OPEN, 2) | {"log_metric": lambda k, v: logged.setdefault(k, []).append(v)}
-    comps = run(score_components([ref_text(OPEN), FINISH], kw))
+    kw = cols(st.open, 2) | {"log_metric": lambda k, v: logged.setdefault(k, []).append(v)}
+    comps = run(score_components([ref_text(st.open), st.finish], kw))
     assert comps["target"] == [None, None] and comps["align"] == [None, None]
     assert comps["valid"] == [1.0, 1.0] and comps["gate"] == [1.0, 0.0]  # rule dimensions still scored
     assert judge.stats["failures"] == 2  # one per candidate, not one per reward function
@@ -225,28 +249,28 @@ def test_judge_failure_is_skipped_as_none_counted_and_logged_not_zero(fake_serve
 
 
 @pytest.mark.parametrize("fake_server", ["ok"], indirect=True)
-def test_target_and_align_share_one_judge_call_and_repeats_hit_the_cache(fake_server):
+def test_target_and_align_share_one_judge_call_and_repeats_hit_the_cache(st, fake_server):
     judge = judge_for(fake_server)
-    c = [ref_text(OPEN)] * 3  # G identical samples of one state
-    comps = run(score_components(c, cols(OPEN, 3)))
+    c = [ref_text(st.open)] * 3  # G identical samples of one state
+    comps = run(score_components(c, cols(st.open, 3)))
     assert comps["target"] == [0.7] * 3 and comps["align"] == [0.4] * 3
     assert fake_server.requests == 1
-    run(score_components(c[:1], cols(OPEN, 1)))  # a later batch with the same pair
+    run(score_components(c[:1], cols(st.open, 1)))  # a later batch with the same pair
     assert fake_server.requests == 1 and judge.stats["cache_hits"] >= 5
-    run(score_components(c[:1], cols(READY, 1)))  # same completion, different state: a new request
+    run(score_components(c[:1], cols(st.ready, 1)))  # same completion, different state: a new request
     assert fake_server.requests == 2
     p = fake_server.prompts[0]
-    assert "In which year was the bridge" in p and '"need_index": 1' in p and "{{" not in p
+    assert st.open["question"] in p and '"need_index": 1' in p and "{{" not in p
 
 
 @pytest.mark.parametrize("fake_server", ["ok"], indirect=True)
-def test_judge_disk_cache_survives_a_new_judge_instance(fake_server, tmp_path):
+def test_judge_disk_cache_survives_a_new_judge_instance(st, fake_server, tmp_path):
     path = tmp_path / "judge_cache.jsonl"
     judge_for(fake_server, cache_path=str(path))
-    run(target([FINISH], **cols(READY, 1)))
+    run(target([st.finish], **cols(st.ready, 1)))
     assert fake_server.requests == 1 and path.read_text().count("\n") == 1
     judge2 = judge_for(fake_server, cache_path=str(path))
-    assert run(align([FINISH], **cols(READY, 1))) == [0.4]
+    assert run(align([st.finish], **cols(st.ready, 1))) == [0.4]
     assert fake_server.requests == 1 and judge2.stats["requests"] == 0
 
 

@@ -15,7 +15,8 @@ import torch
 import yaml
 from trl import GRPOConfig, ModelConfig
 
-from rl.demo_states import build_rows, texts, write_demo_states
+from collect import teacher_runs
+from collect.harvest import harvest
 from rl.train import load_config, named_weights, parse_args, render_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,35 +111,42 @@ def test_each_recipes_report_to_integration_is_installed_by_an_extra(path):
     assert "all" != report_to  # "all" would pick up whatever happens to be installed
 
 
+# The shortest decision states the runtime produces: the three decisions of the media multiple-choice and
+# multi-asset tasks among the recorded teacher runs (tests/conftest.py), ~400-560 tokens each with the tiny tokenizer.
+SHORT_FAMILIES = ("media_mc", "multi_asset")
+
+
 @pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory):
-    from sft.tiny import build_tiny_model
+def short_runs(recorded_correct_runs):
+    runs = [r for r in recorded_correct_runs if r["task_meta"]["family"] in SHORT_FAMILIES]
+    assert len(runs) >= 4
+    return runs
 
-    d = tmp_path_factory.mktemp("tiny")
-    return build_tiny_model(d / "base", texts=texts(compact=True) * 3, seed=0, hidden_size=128, num_layers=2)
 
-
-def test_prompts_are_prerendered_with_each_rows_own_tools(tiny_base):
+def test_prompts_are_prerendered_with_each_rows_own_tools(tiny_model, short_runs):
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_base)
-    rows = build_rows(compact=True)
-    video, audio = rows[0], next(r for r in rows if r["task_id"] == "demo-song")
-    ds = render_prompts(Dataset.from_list([video, audio]), tok, {})
-    p_video, p_audio = ds["prompt"]
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    rows = teacher_runs.rl_rows(short_runs)
+    video = next(r for r in rows if '"clip_grounding"' in r["tools"])  # a video asset: every perception tool
+    other = next(r for r in rows if '"clip_grounding"' not in r["tools"])  # image + audio: no clip grounding
+    ds = render_prompts(Dataset.from_list([video, other]), tok, {})
+    p_video, p_other = ds["prompt"]
     assert isinstance(p_video, str) and p_video.endswith("<|im_start|>assistant\n")
-    assert '"frame_confirm"' in p_video and '"frame_confirm"' not in p_audio
-    assert '"audio_scout"' in p_audio and "In which year was the bridge" in p_video
+    assert '"clip_grounding"' in p_video and '"clip_grounding"' not in p_other
+    assert '"audio_scout"' in p_other and video["question"] in p_video and other["question"] in p_other
 
 
-def test_kl_reference_has_the_policys_class_even_when_config_architectures_names_another(tiny_base, tmp_path):
+def test_kl_reference_has_the_policys_class_even_when_config_architectures_names_another(
+    tiny_model, rl_data, tmp_path
+):
     """TRL builds the reference from config.architectures[0]; a vision-language checkpoint names its
     ConditionalGeneration class there while the policy is loaded as a CausalLM; the reference must be that CausalLM."""
     from rl.train import build_trainer
 
     ckpt = tmp_path / "multimodal_named"
-    shutil.copytree(tiny_base, ckpt)
+    shutil.copytree(tiny_model, ckpt)
     conf = json.loads((ckpt / "config.json").read_text())
     conf["architectures"] = ["Qwen3ForTokenClassification"]  # another head on the same backbone
     (ckpt / "config.json").write_text(json.dumps(conf))
@@ -146,7 +154,7 @@ def test_kl_reference_has_the_policys_class_even_when_config_architectures_names
         str(ROOT / "configs/rl/tiny.yaml"),
         {
             "model_name_or_path": str(ckpt),
-            "dataset_dir": str(write_demo_states(tmp_path / "rl_states", compact=True)),
+            "dataset_dir": str(rl_data / "rl_states"),
             "output_dir": str(tmp_path / "out"),
             "max_steps": 1,
         },
@@ -161,7 +169,7 @@ def test_kl_reference_has_the_policys_class_even_when_config_architectures_names
 # ---- GRPO smoke run ------------------------------------------------------------------------------------------------
 
 
-def _warm_start(base: Path, out: Path, steps: int = 60, lr: float = 1e-2, batch: int = 8) -> Path:
+def _warm_start(base: Path, rows: list[dict], out: Path, steps: int = 60, lr: float = 1e-2, batch: int = 8) -> Path:
     """A stand-in for state-SFT: full fine-tune of the tiny model on the reference decisions (the RL start policy must
     already emit parseable actions, else every reward is equal and GRPO has no signal; stack.md)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -171,7 +179,7 @@ def _warm_start(base: Path, out: Path, steps: int = 60, lr: float = 1e-2, batch:
     tok = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     seqs = []
-    for r in build_rows(compact=True):
+    for r in rows:
         p = tok.apply_chat_template(
             r["prompt"], tools=json.loads(r["tools"]), add_generation_prompt=True, tokenize=False
         )
@@ -199,10 +207,19 @@ def _warm_start(base: Path, out: Path, steps: int = 60, lr: float = 1e-2, batch:
 
 
 @pytest.fixture(scope="module")
-def sft_policy(tiny_base, tmp_path_factory):
+def rl_data(short_runs, tmp_path_factory) -> Path:
+    """The rl_states DatasetDict harvested (collect.harvest) from the short recorded runs."""
     d = tmp_path_factory.mktemp("rl")
-    data = write_demo_states(d / "rl_states", compact=True)
-    return _warm_start(tiny_base, d / "sft"), data, d
+    teacher_runs.write_trajectories(d / "trajectories.jsonl", short_runs)
+    stats = harvest(d / "trajectories.jsonl", d, eval_share=0.34)
+    assert stats["rl_states"]["train"] and stats["rl_states"]["eval"] >= 4
+    return d
+
+
+@pytest.fixture(scope="module")
+def sft_policy(tiny_model, short_runs, rl_data):
+    """The warm-started policy, the harvested rl_states and the work dir."""
+    return _warm_start(tiny_model, teacher_runs.rl_rows(short_runs), rl_data / "sft"), rl_data / "rl_states", rl_data
 
 
 def _state_dict(path: Path) -> dict:

@@ -12,8 +12,6 @@ from collect.ledger import TaskContext
 from collect.tools import tool_schemas
 from serve.local import LocalServer, parse_tool_calls
 from serve.vllm import VLLMServeConfig, build_vllm_command
-from sft import synthetic
-from sft.tiny import build_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,11 +21,13 @@ TOOLS = tool_schemas(TaskContext("serve", "height?", allowed_tools=("web_search"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny model taught (40 full-FT steps on one example) to answer MESSAGES with ACTION."""
+def checkpoint(tmp_path_factory, tiny_model):
+    """A copy of the session's tiny model taught (40 full-FT steps on one example) to answer MESSAGES with ACTION."""
+    import shutil
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = build_tiny_model(tmp_path_factory.mktemp("serve") / "m", texts=list(synthetic.texts(n=30)), seed=0)
+    path = shutil.copytree(tiny_model, tmp_path_factory.mktemp("serve") / "m")
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     call = ACTION.to_tool_call()

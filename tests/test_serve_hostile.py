@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from collect import teacher_runs
 from serve.local import LocalServer, free_port  # ServeLimits is imported where used: the old module had none
-from sft import synthetic
 from sft.tiny import build_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -33,7 +33,7 @@ def checkpoint(tmp_path_factory):
 
     path = build_tiny_model(
         tmp_path_factory.mktemp("hostile") / "m",
-        texts=list(synthetic.texts(n=20)),
+        texts=list(teacher_runs.texts(6)),
         vocab_size=512,
         hidden_size=16,
         num_layers=1,

@@ -11,10 +11,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, SFTConfig
 
+from collect import teacher_runs
 from collect.actions import Action
 from collect.harvest import harvest
-from sft import synthetic
-from sft.tiny import build_tiny_model
 from sft.train import SFTScriptArguments, build_trainer, main, parse_args
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -22,12 +21,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, tiny_model, recorded_correct_runs):
+    """The session's tiny model (read-only: every run writes to its own output_dir) and the SFT rows harvested from
+    the first 12 recorded teacher runs."""
     d = tmp_path_factory.mktemp("sft")
-    base = build_tiny_model(d / "base", texts=list(synthetic.texts(n=60, seed=0)), seed=0)
-    synthetic.write_trajectories(d / "traj.jsonl", 12, seed=1)
+    teacher_runs.write_trajectories(d / "traj.jsonl", recorded_correct_runs[:12])
     harvest(d / "traj.jsonl", d / "data", eval_share=0.2)
-    return d, base
+    return d, tiny_model
 
 
 def _args(config, d, base, out, *extra):

@@ -1,5 +1,5 @@
-"""The offline teacher: accuracy over the world's test split (driven by a minimal Algorithm-1 loop), honesty of the
-planner, conflict recording and resolution, compute programs, answer critic."""
+"""The offline teacher: accuracy over the world's test split (run by the real runtime, collect.loop.run_task, through
+the collect engine), honesty of the planner, conflict recording and resolution, compute programs, answer critic."""
 
 from __future__ import annotations
 
@@ -8,110 +8,67 @@ import dataclasses
 
 import pytest
 
-from collect.actions import parse_action, validate_action
+from collect import teacher_runs
+from collect.actions import Action
 from collect.judges import judge_embedded
 from collect.ledger import (
-    AnswerAccepted,
-    FinishBlocked,
     NeedsDeclared,
     NormalizedObservation,
     ObservationCommitted,
-    Stop,
-    ToolError,
     any_action_can_advance,
     canonical_args,
     initial_ledger,
+    ledger_from_dict,
     ready,
     reduce,
 )
+from collect.run import embedded_world
 from collect.teacher import TeacherPlanner, make_teacher_roles, value_in_text
-from collect.tools import ToolBox, ToolFailure, ToolsConfig
-from collect.world import build_world
-
-
-async def drive(task, roles, toolbox: ToolBox, max_steps: int = 15):
-    """Algorithm 1 in miniature (decide -> execute -> critic -> reduce; finish -> draft -> check) until
-    collect/loop.py is the shared runtime. Returns (final ledger, actions)."""
-    r0 = task.to_context()
-    specs, _ = await roles.need_parser.parse(r0, [])
-    led = reduce(initial_ledger(), NeedsDeclared(tuple(specs), r0.budget.unfillable_after))
-    tools = toolbox.schemas()
-    actions = []
-    while not led.done:
-        if led.steps >= max_steps:
-            led = reduce(led, Stop("budget_exhausted"))
-            break
-        if not ready(led) and not any_action_can_advance(r0, led):
-            led = reduce(led, Stop("insufficient", answer="insufficient"))
-            break
-        reply = await roles.planner.decide([], tools, r0=r0, ledger=led)
-        action = parse_action(reply.text, reply.tool_calls)
-        validate_action(action, tools)
-        actions.append(action)
-        if action.name == "finish":
-            draft, _ = await roles.finalizer.draft(r0, led, [])
-            ok, hint, _ = await roles.answer_critic.check(r0, led, draft, [])
-            if ok:
-                led = reduce(led, AnswerAccepted(draft))
-            elif led.blocked_finishes >= r0.budget.max_revisions:
-                led = reduce(led, AnswerAccepted(draft, forced=True))
-            else:
-                led = reduce(led, FinishBlocked(draft, hint))
-            continue
-        args = canonical_args(action.arguments)
-        tgt = action.arguments.get("need_index")
-        try:
-            _, obs = await toolbox.execute(action.name, action.arguments)
-        except ToolFailure as e:
-            led = reduce(led, ToolError(action.name, args, str(e), tgt))
-            continue
-        verdict, _ = await roles.critic.judge(r0, led, action.name, action.arguments, obs, [])
-        led = reduce(led, ObservationCommitted(action.name, args, obs, verdict, tgt))
-    return led, actions
+from collect.tools import ToolBox
 
 
 @pytest.fixture(scope="module")
 def world():
-    return build_world(0)
+    return embedded_world(0)
 
 
 @pytest.fixture(scope="module")
 def test_runs(world):
-    cfg = ToolsConfig()
-
-    async def run_all():
-        out = []
-        for t in world.split("test"):
-            led, acts = await drive(t, make_teacher_roles(t), ToolBox(t, t.to_context(), cfg, corpus=world.corpus))
-            out.append((t, led, acts))
-        return out
-
-    return asyncio.run(run_all())
+    """(task, final ledger, planner actions, record) for every test-split task, run by collect.loop.run_task."""
+    out = []
+    for rec in teacher_runs.trajectories(None, "test"):
+        actions = [Action(s["action"]["name"], s["action"]["arguments"]) for s in rec["steps"] if s["action"]]
+        out.append((world.task(rec["task_id"]), ledger_from_dict(rec["final_ledger"]), actions, rec))
+    assert len(out) == len(world.split("test"))
+    return out
 
 
 def test_teacher_accuracy_on_test_split(test_runs):
-    answerable = [(t, led) for t, led, _ in test_runs if t.family != "unanswerable"]
-    unanswerable = [(t, led) for t, led, _ in test_runs if t.family == "unanswerable"]
+    answerable = [(t, led) for t, led, _, _ in test_runs if t.family != "unanswerable"]
+    unanswerable = [(t, led, rec) for t, led, _, rec in test_runs if t.family == "unanswerable"]
     acc = sum(judge_embedded(t, led.answer) for t, led in answerable) / len(answerable)
     ok_insufficient = 0
-    for t, led in unanswerable:
+    for t, led, rec in unanswerable:
         gate = dataclasses.replace(led, outcome=None)  # the state the loop saw when it stopped
         if (
             led.outcome == "insufficient"
             and led.steps <= 15
             and not ready(gate)
             and not any_action_can_advance(t.to_context(), gate)
-            and judge_embedded(t, led.answer)
+            and rec["answer"] == "insufficient"  # Algorithm 1, line 17, as the collect engine reports it
+            and judge_embedded(t, rec["answer"])
+            and rec["correct"] is True
         ):
             ok_insufficient += 1
     print(f"teacher: answerable {acc:.3f} ({len(answerable)}), insufficient {ok_insufficient}/{len(unanswerable)}")
     assert acc >= 0.95
     assert ok_insufficient / len(unanswerable) >= 0.90
     assert all(led.outcome == "accepted" for t, led in answerable if judge_embedded(t, led.answer))
+    assert all(rec["correct"] == judge_embedded(t, rec["answer"]) for t, _, _, rec in test_runs)
 
 
 def test_conflict_tasks_record_a_conflict_that_the_media_resolves(test_runs):
-    runs = [(t, led, acts) for t, led, acts in test_runs if t.family == "conflict"]
+    runs = [(t, led, acts) for t, led, acts, _ in test_runs if t.family == "conflict"]
     assert runs
     for t, led, _acts in runs:
         assert led.conflicts and all(c.resolved for c in led.conflicts), t.id
@@ -121,7 +78,7 @@ def test_conflict_tasks_record_a_conflict_that_the_media_resolves(test_runs):
 
 
 def test_compute_needs_are_closed_by_sandboxed_code(test_runs):
-    runs = [(t, led, acts) for t, led, acts in test_runs if any(g.need_role == "compute" for g in t.gold_chain)]
+    runs = [(t, led, acts) for t, led, acts, _ in test_runs if any(g.need_role == "compute" for g in t.gold_chain)]
     assert runs
     for t, led, acts in runs:
         code = [a for a in acts if a.name == "code_executor"]

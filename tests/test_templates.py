@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from datasets import load_from_disk
 
+from collect import teacher_runs
 from collect.harvest import harvest, template_messages
-from sft import synthetic
 from sft.tiny import build_tiny_model
 from sft.train import build_trainer, parse_args
 
@@ -27,8 +27,8 @@ REPLAYED = {"query": "earlier call", "need_index": 0}  # a tool call already in 
 
 
 def _trajectories() -> list[dict]:
-    """Synthetic judged-correct trajectories edited so that every tool and the awkward cases occur."""
-    trajs = list(synthetic.trajectories(40, seed=1))
+    """Recorded teacher runs (judged correct) edited so that every tool and the awkward cases occur."""
+    trajs = teacher_runs.trajectories(24)
     for t in trajs:
         t["correct"] = True
     seen, edited = set(), False
@@ -68,7 +68,7 @@ def env(tmp_path_factory):
             f.write(json.dumps(t) + "\n")
     harvest(d / "traj.jsonl", d / "data", eval_share=0.0)
     base = build_tiny_model(
-        d / "base", texts=list(synthetic.texts(n=40, seed=0)), hidden_size=64, num_layers=2, intermediate_size=128
+        d / "base", texts=list(teacher_runs.texts(24)), hidden_size=64, num_layers=2, intermediate_size=128
     )
     ds = load_from_disk(str(d / "data" / "sft"))["train"]
     # one row per kind/tool (+ the replayed-call row), in dataset order

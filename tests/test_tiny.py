@@ -1,34 +1,28 @@
 """sft.tiny: the offline tiny Qwen3 planner model and its tool-calling chat template."""
 
 import json
-import time
 
 import pytest
 from safetensors.torch import load_file
 
+from collect import teacher_runs
 from collect.actions import Action
-from sft import synthetic
 from sft.tiny import build_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    t0 = time.time()
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=0)
-    return path, time.time() - t0
+def tok(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
 
 
 @pytest.fixture(scope="module")
-def tok(tiny):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny[0])
-
-
-def _step(seed=3):
-    return next(synthetic.trajectories(1, seed=seed))["steps"][0]
+def step(recorded_correct_runs):
+    """The first planner step of the first recorded teacher run."""
+    return recorded_correct_runs[0]["steps"][0]
 
 
 def _with_action(step):
@@ -37,26 +31,26 @@ def _with_action(step):
     return step["planner_input"]["messages"] + [{"role": "assistant", "content": "", "tool_calls": [call]}]
 
 
-def test_builds_in_seconds_and_reloads_offline_as_causal_lm(tiny, tok):
+def test_builds_in_seconds_and_reloads_offline_as_causal_lm(tiny_model_build, tok, step):
     import torch
     from transformers import AutoModelForCausalLM
 
-    path, seconds = tiny
+    path, seconds = tiny_model_build
     assert seconds < 30, f"tiny build took {seconds:.1f}s"
     model = AutoModelForCausalLM.from_pretrained(path)  # HF_HUB_OFFLINE=1 is set by sft.train / serve.local imports
     assert type(model).__name__ == "Qwen3ForCausalLM"
     assert sum(p.numel() for p in model.parameters()) < 3_000_000
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|pad|>"
     enc = tok.apply_chat_template(
-        _step()["planner_input"]["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        step["planner_input"]["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     out = model.generate(**enc, max_new_tokens=4, do_sample=False)
     assert out.shape[1] > enc["input_ids"].shape[1]
     assert torch.isfinite(model(**enc).logits).all()
 
 
-def test_same_seed_gives_identical_weights_and_tokenizer(tmp_path, tiny):
-    texts = list(synthetic.texts(n=40, seed=1))
+def test_same_seed_gives_identical_weights_and_tokenizer(tmp_path):
+    texts = list(teacher_runs.texts(n=12))
     a = build_tiny_model(tmp_path / "a", texts=texts, seed=7)
     b = build_tiny_model(tmp_path / "b", texts=texts, seed=7)
     c = build_tiny_model(tmp_path / "c", texts=texts, seed=8)
@@ -67,8 +61,8 @@ def test_same_seed_gives_identical_weights_and_tokenizer(tmp_path, tiny):
     assert (a / "tokenizer.json").read_text() == (b / "tokenizer.json").read_text()
 
 
-def test_assistant_mask_covers_exactly_the_canonical_action_and_stop_token(tok):
-    st = _step()
+def test_assistant_mask_covers_exactly_the_canonical_action_and_stop_token(tok, step):
+    st = step
     out = tok.apply_chat_template(
         _with_action(st),
         tools=st["planner_input"]["tools"],
@@ -84,10 +78,10 @@ def test_assistant_mask_covers_exactly_the_canonical_action_and_stop_token(tok):
     assert idx == list(range(idx[0], idx[0] + len(idx))) and idx[-1] >= len(out["input_ids"]) - 2
 
 
-def test_template_renders_tools_and_passes_trl_template_checks(tok):
+def test_template_renders_tools_and_passes_trl_template_checks(tok, step):
     from trl.chat_template_utils import has_generation_markers, is_chat_template_prefix_preserving
 
-    st = _step()
+    st = step
     text = tok.apply_chat_template(
         st["planner_input"]["messages"], tools=st["planner_input"]["tools"], add_generation_prompt=True, tokenize=False
     )
@@ -106,8 +100,9 @@ def test_tool_tags_are_single_non_special_tokens(tok):
     )
 
 
-def test_ledger_prompts_are_compact(tok):
-    st = _step(seed=11)
+def test_ledger_prompts_are_compact(tok, recorded_correct_runs):
+    run = next(r for r in recorded_correct_runs if r["task_meta"]["family"] == "anchor_compute")
+    st = run["steps"][-2]  # a late step of a long task: the program-writing decision
     text = tok.apply_chat_template(_with_action(st), tools=st["planner_input"]["tools"], tokenize=False)
     n = len(tok.encode(text, add_special_tokens=False))
     assert len(text) / n > 4.0, f"{len(text)} chars -> {n} tokens"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -12,27 +13,17 @@ import pytest
 from collect.replay import main as replay_main
 from collect.trajectory import TrajectoryWriter, config_hash, finished_ids, read_trajectories
 from tests.fakes import FakeChatServer, text, tool_call
-from tests.test_loop import answer_critic, critic, fill, needs_reply, run
+from tests.helpers.loop_script import critic, needs_reply, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _records() -> list[dict]:
-    """Three real runs through the fake server: accepted, forced, insufficient."""
-    recs = []
+@pytest.fixture(scope="module")
+def records(closure_run):
+    """Three real runs through the fake server: accepted (the session's closure run), forced, insufficient."""
+    recs = [copy.deepcopy(closure_run)]
     with FakeChatServer() as srv:
-        srv.script("need_parser", needs_reply(), needs_reply(), needs_reply())
-        srv.script(
-            "planner",
-            tool_call("subtitle_grounding", {"query": "banner", "asset_id": "v1", "need_index": 0}),
-            text("garbage"),
-            tool_call("web_search", {"query": "Acme founded", "need_index": 1}),
-            tool_call("finish", {"answer": "1999"}),
-        )
-        srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
-        srv.script("finalizer", text("1999"))
-        srv.script("answer_critic", answer_critic(True))
-        recs.append(run(srv))
+        srv.script("need_parser", needs_reply(), needs_reply())
         srv.script("planner", tool_call("finish", {"answer": "x"}), tool_call("finish", {"answer": "x"}))
         srv.script("finalizer", text("guess"))
         recs.append(run(srv, max_revisions=1))
@@ -42,11 +33,6 @@ def _records() -> list[dict]:
     for i, r in enumerate(recs):
         r["task_id"] = f"task-{i}"
     return recs
-
-
-@pytest.fixture(scope="module")
-def records():
-    return _records()
 
 
 def test_written_trajectories_replay_to_the_recorded_hashes(tmp_path, records, capsys):

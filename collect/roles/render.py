@@ -13,21 +13,9 @@ from pathlib import Path
 
 from collect.config import MAX_OBSERVATION_CHARS
 from collect.ledger import Ledger, NormalizedObservation, TaskContext, render_digest
+from collect.tools import FINISH_SCHEMA
 
 PROMPTS = Path(__file__).with_name("prompts")
-
-FINISH_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "finish",
-        "description": "Submit a draft answer; the runtime checks the evidence and writes the final answer.",
-        "parameters": {
-            "type": "object",
-            "properties": {"answer": {"type": "string", "description": "your draft answer"}},
-            "required": ["answer"],
-        },
-    },
-}
 
 
 @cache

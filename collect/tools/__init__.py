@@ -11,7 +11,7 @@ from collect.ledger import PERCEPTION_TOOLS, NormalizedObservation, TaskContext
 from collect.tasks import Task
 from collect.tools import perception, web
 
-__all__ = ["DEFAULT_BLOCKED_DOMAINS", "ToolBox", "ToolFailure", "ToolsConfig", "tool_schemas"]
+__all__ = ["DEFAULT_BLOCKED_DOMAINS", "FINISH_SCHEMA", "ToolBox", "ToolFailure", "ToolsConfig", "tool_schemas"]
 
 
 class ToolFailure(Exception):
@@ -44,6 +44,23 @@ def _function_schema(name: str, description: str, properties: dict, required: li
     }
 
 
+# The one finish schema: what the planner is shown (collect.roles.render.tools_for appends it last), what harvested
+# rows carry and what rewards validate against. Unlike the tool schemas it is not closed (no additionalProperties):
+# this is the schema every recorded trajectory was collected with, so changing it changes the planner's prompt.
+FINISH_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "finish",
+        "description": "Submit a draft answer; the runtime checks the evidence and writes the final answer.",
+        "parameters": {
+            "type": "object",
+            "properties": {"answer": {"type": "string", "description": "your draft answer"}},
+            "required": ["answer"],
+        },
+    },
+}
+
+
 def _perception_schema(tool: str, r0: TaskContext) -> dict:
     assets = [a for a in r0.assets if tool in PERCEPTION_TOOLS[a.type]]
     props: dict = {
@@ -64,7 +81,7 @@ def _perception_schema(tool: str, r0: TaskContext) -> dict:
 
 
 def tool_schemas(r0: TaskContext, web: bool = True) -> list[dict]:
-    """OpenAI function schemas for R0's action space, in the order of r0.tools()."""
+    """OpenAI function schemas for R0's action space, in the order of r0.tools() (finish: FINISH_SCHEMA)."""
     out = []
     for t in r0.tools():
         if t in _PERCEPTION_DESC:
@@ -91,14 +108,7 @@ def tool_schemas(r0: TaskContext, web: bool = True) -> list[dict]:
                 )
             )
         elif t == "finish":
-            out.append(
-                _function_schema(
-                    "finish",
-                    "Submit a draft answer when the evidence is complete.",
-                    {"answer": {"type": "string"}},
-                    ["answer"],
-                )
-            )
+            out.append(FINISH_SCHEMA)
     return out
 
 

@@ -1,0 +1,1 @@
+"""Shared test helpers (not test modules): fixtures live in tests/conftest.py."""
