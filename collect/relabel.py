@@ -40,6 +40,8 @@ FORBIDDEN_SPLITS = ("test", "all", None)
 class TestSplitError(ValueError):
     """Relabelling was asked to touch the test split."""
 
+    __test__ = False  # not a pytest class
+
 
 def r0_from_dict(d: dict) -> TaskContext:
     """TaskContext from `TaskContext.to_dict()` (the trajectory's `r0`)."""
