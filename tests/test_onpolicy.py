@@ -199,3 +199,107 @@ def test_rl_reads_onpolicy_states_from_several_dirs(relabelled, tmp_path):
     assert n_states == len(only)
     assert set(trainer.train_dataset["origin"]) == {"onpolicy"}
     assert any("previous reply was rejected" in p for p in trainer.train_dataset["prompt"])  # rendered student states
+
+
+# ---- evaluation: seeds per planner, pooled cells, held-out figures, report ------------------------------------------
+
+
+def test_eval_seed_lists_expand_to_one_planner_per_checkpoint(tmp_path):
+    from serve.eval import EvalConfig
+
+    cfg = EvalConfig(planners={"t": "offline", "sft": {"checkpoint": ["a", "b"], "endpoint": {"max_tokens": 8}}})
+    assert cfg.planners == {
+        "t": "offline",
+        "sft@0": {"checkpoint": "a", "endpoint": {"max_tokens": 8}},
+        "sft@1": {"checkpoint": "b", "endpoint": {"max_tokens": 8}},
+    }
+    assert EvalConfig(planners={"one": {"checkpoint": ["a"]}}).planners == {"one": {"checkpoint": "a"}}
+    with pytest.raises(ValueError, match="seed list"):
+        EvalConfig(planners={"x@1": {"checkpoint": ["a", "b"]}})
+
+
+def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_path, monkeypatch):
+    """Two 'seeds' of a served planner (the loopback fake stands in for serve.local) over 2 test tasks: a cell per
+    seed, one pooled row with a Wilson interval over all 4 task runs, answerable / unanswerable figures, held-out
+    scores per checkpoint (rl.score replaced by a stub here: the real scorer is tested in test_rl.py)."""
+
+    import rl.score
+    import serve.local
+    import serve.report
+    from collect.summary import wilson
+    from serve.eval import load_eval_config, run_eval
+
+    with FakeChatServer() as srv:
+        srv.default("planner", tool_call("finish", {"answer": "insufficient"}))
+
+        class Served:
+            base_url = srv.base_url
+
+            def __init__(self, ckpt):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        monkeypatch.setattr(serve.local, "LocalServer", Served)
+        scored = []
+
+        def fake_score(dataset_dir, model, split="eval", n=64, config=None, **kw):
+            scored.append((dataset_dir, Path(model).name, split))
+            return {"n": 3, "valid": 1.0 if model.endswith("s0") else 0.5, "reference_tool_match": 0.25, "total": 0.4}
+
+        monkeypatch.setattr(rl.score, "score", fake_score)
+        for s in ("s0", "s1"):
+            (tmp_path / s).mkdir()
+        p = tmp_path / "e.yaml"
+        p.write_text(
+            json.dumps(
+                {
+                    "base": BASE,
+                    "split": "test",
+                    "limit": 2,
+                    "planners": {
+                        "teacher": "offline",
+                        "sft": {"checkpoint": [str(tmp_path / "s0"), str(tmp_path / "s1")]},
+                    },
+                    "heldout": {"dataset_dir": "HELD", "split": "train"},
+                    "concurrency": 1,
+                }
+            )
+        )
+        summary = run_eval(load_eval_config(str(p)), tmp_path / "out")
+    assert set(summary["cells"]) == {f"{n}__ledger__annotations" for n in ("teacher", "sft@0", "sft@1")}
+    assert sorted(scored) == [("HELD", "s0", "train"), ("HELD", "s1", "train")]
+    pooled = summary["planners"]
+    assert set(pooled) == {"teacher__ledger__annotations", "sft__ledger__annotations"}
+    sft = pooled["sft__ledger__annotations"]
+    cells = [summary["cells"][f"sft@{i}__ledger__annotations"] for i in (0, 1)]
+    k = sum(c["correct"] for c in cells)
+    assert sft["n_seeds"] == 2 and sft["n_task_runs"] == 4 and sft["correct"] == k
+    assert sft["ci95"] == [round(x, 4) for x in wilson(k, 4)]
+    assert sft["seed_accuracies"] == [c["accuracy"] for c in cells]
+    assert sum(sft["outcomes"].values()) == 4
+    assert sft["heldout"] == {"valid": 0.75, "reference_tool_match": 0.25, "total": 0.4}
+    assert pooled["teacher__ledger__annotations"]["heldout"] is None
+    assert sft["answerable"]["n"] + sft["unanswerable"]["n"] == 4
+    assert sft["answerable"]["correct"] == 0  # "insufficient" never answers an answerable task
+    assert json.loads((tmp_path / "out/summary.json").read_text())["planners"] == pooled
+
+    html = (tmp_path / "out/report.html").read_text()
+    assert "Planners (seeds pooled)" in html and "sft__ledger__annotations" in html and "75.0%" in html
+
+    # the context plot leaves out the teacher (no token counts) instead of drawing it at 0
+    assert all(
+        v == 0 for v in summary["cells"]["teacher__ledger__annotations"]["planner_prompt_tokens_by_step"].values()
+    )
+    cells_t = {
+        "teacher": {"planner_prompt_tokens_by_step": {"1": 0, "2": 0}},
+        "sft": {"planner_prompt_tokens_by_step": {"1": 500, "2": 650}},
+    }
+    page = serve.report.render_report("t", cells_t, {"teacher": [], "sft": []})
+
+    assert page.count("<polyline") == 1  # only the planner with token counts is drawn
+    assert "left out (no token counts): teacher" in page
