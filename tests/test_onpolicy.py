@@ -303,3 +303,18 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
 
     assert page.count("<polyline") == 1  # only the planner with token counts is drawn
     assert "left out (no token counts): teacher" in page
+
+
+def test_measurement_eval_config_has_two_seeds_per_trained_planner_on_the_full_test_split():
+    from serve.eval import load_eval_config
+
+    cfg = load_eval_config(str(ROOT / "configs/eval/onpolicy.yaml"))
+    assert cfg.split == "test" and cfg.limit is None and cfg.heldout["dataset_dir"]
+    fams = Counter(n.split("@")[0] for n in cfg.planners)
+    assert fams == {
+        "teacher": 1,
+        "tiny-untrained": 2,
+        "tiny-sft": 2,
+        "tiny-sft-onpolicy": 2,
+        "tiny-sft-onpolicy-rl": 2,
+    }
