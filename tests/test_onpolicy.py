@@ -287,6 +287,9 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
     assert sft["answerable"]["n"] + sft["unanswerable"]["n"] == 4
     assert sft["answerable"]["correct"] == 0  # "insufficient" never answers an answerable task
     assert json.loads((tmp_path / "out/summary.json").read_text())["planners"] == pooled
+    from serve.eval import format_planners
+
+    assert "sft__ledger__annotations" in format_planners(summary) and "75.0%" in format_planners(summary)
 
     html = (tmp_path / "out/report.html").read_text()
     assert "Planners (seeds pooled)" in html and "sft__ledger__annotations" in html and "75.0%" in html
