@@ -104,6 +104,8 @@ def task_type_stats(records: list[dict]) -> dict:
     una = [r for r in records if kind(r) == "unanswerable"]
     k_ans = sum(bool(r["correct"]) for r in ans)
     k_una = sum(str(r.get("answer") or "").strip().lower().rstrip(".") == INSUFFICIENT for r in una)
+    # the runtime also answers "insufficient" when the step budget runs out: count the planner's own stops apart
+    declared = sum(r.get("outcome") == "insufficient" for r in una)
     return {
         "answerable": {
             "n": len(ans),
@@ -115,6 +117,7 @@ def task_type_stats(records: list[dict]) -> dict:
             "n": len(una),
             "insufficient": k_una,
             "rate": k_una / len(una) if una else None,
+            "declared_insufficient": declared,
             "ci95": [round(x, 4) for x in wilson(k_una, len(una))],
         },
     }

@@ -172,7 +172,8 @@ def planners_table(planners: dict[str, dict]) -> str:
             f"<tr><td>{_e(key)}</td><td>{p.get('n_seeds')}</td><td>{p.get('n_task_runs')}</td>"
             f"<td>{_pct(p.get('accuracy'))}</td><td>{_pct(ci[0])}–{_pct(ci[1])}</td><td>{_e(seeds)}</td>"
             f"<td>{_pct(ans.get('accuracy'))} ({ans.get('correct', 0)}/{ans.get('n', 0)})</td>"
-            f"<td>{_pct(una.get('rate'))} ({una.get('insufficient', 0)}/{una.get('n', 0)})</td>"
+            f"<td>{_pct(una.get('rate'))} ({una.get('insufficient', 0)}/{una.get('n', 0)}; "
+            f"{una.get('declared_insufficient', 0)} declared)</td>"
             f"<td>{_pct(p.get('valid_action_rate'))}</td>"
             + "".join(f"<td>{p.get('outcomes', {}).get(o, 0)}</td>" for o in OUTCOMES)
             + f"<td>{_pct(h.get('valid'))}</td><td>{_pct(h.get('reference_tool_match'))}</td></tr>"
@@ -185,7 +186,9 @@ def planners_table(planners: dict[str, dict]) -> str:
         + "<th>held-out valid</th><th>held-out same tool</th></tr>"
         + "".join(rows)
         + "</table><p class='muted'>held-out: greedy decisions on teacher-visited states of unseen tasks "
-        "(rl.score), mean over seeds; '-' = not scored (teacher, or no heldout in the eval config)</p>"
+        "(rl.score), mean over seeds; '-' = not scored (teacher, or no heldout in the eval config). "
+        "Unanswerable tasks end 'insufficient' when the budget runs out too; 'declared' counts the runs that stopped "
+        "with outcome insufficient.</p>"
     )
 
 

@@ -286,6 +286,13 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
     assert pooled["teacher__ledger__annotations"]["heldout"] is None
     assert sft["answerable"]["n"] + sft["unanswerable"]["n"] == 4
     assert sft["answerable"]["correct"] == 0  # "insufficient" never answers an answerable task
+    una = [
+        r
+        for i in (0, 1)
+        for r in read_trajectories(tmp_path / f"out/cells/sft@{i}__ledger__annotations/trajectories.jsonl")
+    ]
+    una = [r for r in una if r["task_meta"]["answer_type"] == "unanswerable"]
+    assert sft["unanswerable"]["declared_insufficient"] == sum(r["outcome"] == "insufficient" for r in una)
     assert json.loads((tmp_path / "out/summary.json").read_text())["planners"] == pooled
     from serve.eval import format_planners
 
