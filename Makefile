@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup test test-fast lint format clean collect merge harvest sft rl heldout serve serve-local eval bench demo \
-	gpu-check wheels gpu-setup-offline
+	gpu-check wheels gpu-setup-offline relabel onpolicy measure
 
 setup: $(STAMP)
 
@@ -116,3 +116,31 @@ gpu-setup-offline:  ## offline GPU node: .venv with .[test,gpu] from $(WHEELS)/ 
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --no-index --find-links $(WHEELS) -e ".[test,gpu]"
 	@touch $(STAMP)
+
+# ---- on-policy relabelling (docs/training.md "On-policy relabelling") -----------------------------------------------
+relabel: $(STAMP)  ## MODEL= OUT= ROUND= SPLIT= LIMIT= DATA=: one round: MODEL's own states labelled by the teacher (no training)
+	$(PY) -m collect.relabel --planner $(or $(MODEL),$(SFT_OUT)/merged) --out $(or $(OUT),runs/relabel/round$(or $(ROUND),1)) \
+		--round $(or $(ROUND),1) --split $(or $(SPLIT),train) $(if $(LIMIT),--limit $(LIMIT)) \
+		--teacher-data $(or $(DATA),$(COLLECT_OUT))
+
+onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate + SFT for ROUNDS rounds (+ GRPO, per recipe)
+	$(PY) -m sft.onpolicy --config $(or $(CONFIG),configs/onpolicy/tiny.yaml) --model $(or $(MODEL),$(SFT_OUT)/merged) \
+		$(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(LIMIT),--limit $(LIMIT)) --out $(or $(OUT),runs/onpolicy)
+
+# The long measurement (not part of `make demo`): teacher data, then per seed state-SFT -> on-policy rounds -> GRPO,
+# held-out teacher states of the test split, and the eval of every planner x seed on the full 72-task test split.
+# Not yet run end to end on the 2-core machine; see docs/training.md for the stage times measured so far.
+MEASURE := runs/measure
+SEEDS ?= 0 1
+measure: $(STAMP)  ## SEEDS="0 1": untrained / SFT / SFT+on-policy / +RL on the 72 test tasks -> $(MEASURE)/eval
+	$(PY) -m collect --config configs/collect/embedded.yaml --out $(MEASURE)/collect --split train --no-progress
+	for s in $(SEEDS); do \
+		$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir $(MEASURE)/collect/sft \
+			--output_dir $(MEASURE)/sft-s$$s --seed $$s --tiny_seed $$s && \
+		$(PY) -m sft.onpolicy --config configs/onpolicy/tiny.yaml --model $(MEASURE)/sft-s$$s/merged \
+			--out $(MEASURE)/onpolicy-s$$s || exit 1; \
+	done
+	$(PY) -m collect --config configs/collect/embedded.yaml --out $(MEASURE)/heldout/collect --split test --no-harvest \
+		--no-progress
+	$(PY) -m collect.harvest $(MEASURE)/heldout/collect/trajectories.jsonl --out $(MEASURE)/heldout/states --eval-share 0.0
+	$(PY) -m serve.eval --config configs/eval/onpolicy.yaml --out $(MEASURE)/eval

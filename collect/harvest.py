@@ -81,6 +81,46 @@ def _digest_json(traj: dict, step: dict, ledger_dict: dict) -> str:
     return json.dumps(digest(ctx, ledger_from_dict(ledger_dict)), ensure_ascii=False)
 
 
+def decision_rows(traj: dict, st: dict, action: Action, origin: str = "teacher", round_: int = 0) -> tuple[dict, dict]:
+    """(sft row, rl_state row) for one recorded planner step labelled with `action` (already validated against the
+    step's tools): SFT rows carry the step's `planner_input.messages` with tool-call arguments as mappings, RL rows
+    the messages unchanged. `origin`/`round`: "teacher", 0 for the
+    collected trajectories; "onpolicy", k for states a student planner reached in relabelling round k
+    (collect.relabel)."""
+    tools = st["planner_input"].get("tools") or []
+    messages = st["planner_input"]["messages"]
+    tools_json = json.dumps(tools, ensure_ascii=False)
+    task_id = traj["task_id"]
+    sft = {
+        "prompt": template_messages(messages),  # tool-call arguments as mappings, as the chat templates expect
+        "completion": [{"role": "assistant", "content": "", "tool_calls": [_tool_call(action)]}],
+        "tools": tools_json,
+        "task_id": task_id,
+        "step": int(st["t"]),
+        "kind": "decision",
+        "origin": origin,
+        "round": round_,
+    }
+    ledger = st.get("ledger_before") or {}
+    rl = {
+        # the recorded messages as they were (wire form): rl/train.py renders them itself (Arrow-inferred column,
+        # see _features); only react-arm prompts carry tool calls
+        "prompt": messages,
+        "tools": tools_json,
+        "tool_names": [t.get("function", t)["name"] for t in tools],
+        "reference_action": json.dumps(action.to_dict(), ensure_ascii=False),
+        "ledger": json.dumps(ledger, ensure_ascii=False),
+        "digest": _digest_json(traj, st, ledger),
+        "question": traj.get("question", ""),
+        "gold_answer": str(traj.get("gold_answer", "")),
+        "task_id": task_id,
+        "step": int(st["t"]),
+        "origin": origin,
+        "round": round_,
+    }
+    return sft, rl
+
+
 def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[dict]]:
     """(sft rows, rl_state rows) of one judged-correct trajectory; invalid / null-action steps are counted, skipped."""
     sft, rl = [], []
@@ -95,6 +135,8 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
                 "task_id": task_id,
                 "step": -1,
                 "kind": "need_parse",
+                "origin": "teacher",
+                "round": 0,
             }
         )
     for st in traj.get("steps", []):
@@ -109,35 +151,9 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
             stats["steps_invalid_action"] += 1
             print(f"harvest: task {task_id} step {st.get('t')}: skipped invalid action ({e})", file=sys.stderr)
             continue
-        prompt = template_messages(st["planner_input"]["messages"])
-        tools_json = json.dumps(tools, ensure_ascii=False)
-        sft.append(
-            {
-                "prompt": prompt,
-                "completion": [{"role": "assistant", "content": "", "tool_calls": [_tool_call(action)]}],
-                "tools": tools_json,
-                "task_id": task_id,
-                "step": int(st["t"]),
-                "kind": "decision",
-            }
-        )
-        ledger = st.get("ledger_before") or {}
-        rl.append(
-            {
-                # the recorded messages as they were (wire form): rl/train.py renders them itself (Arrow-inferred
-                # column, see _features); only react-arm prompts carry tool calls
-                "prompt": st["planner_input"]["messages"],
-                "tools": tools_json,
-                "tool_names": [t.get("function", t)["name"] for t in tools],
-                "reference_action": json.dumps(action.to_dict(), ensure_ascii=False),
-                "ledger": json.dumps(ledger, ensure_ascii=False),
-                "digest": _digest_json(traj, st, ledger),
-                "question": traj.get("question", ""),
-                "gold_answer": str(traj.get("gold_answer", "")),
-                "task_id": task_id,
-                "step": int(st["t"]),
-            }
-        )
+        s_row, r_row = decision_rows(traj, st, action)
+        sft.append(s_row)
+        rl.append(r_row)
     return sft, rl
 
 
@@ -162,7 +178,7 @@ def _features(name: str):
         return None
     s = Value("string")
     cols = {"prompt": message_features(), "completion": message_features(), "tools": s, "task_id": s}
-    return Features({**cols, "step": Value("int64"), "kind": s})
+    return Features({**cols, "step": Value("int64"), "kind": s, "origin": s, "round": Value("int64")})
 
 
 def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:

@@ -48,9 +48,13 @@ class RLScriptArguments:
     """Stage options that are neither GRPO hyper-parameters (GRPOConfig) nor model options (ModelConfig)."""
 
     dataset_dir: str = field(
-        default="runs/collect/rl_states", metadata={"help": "rl_states DatasetDict (save_to_disk) with a train split"}
+        default="runs/collect/rl_states",
+        metadata={"help": "rl_states DatasetDict(s) (save_to_disk) with a train split; several: comma-separated"},
     )
     train_split: str = field(default="train", metadata={"help": "split to train on"})
+    origins: str | None = field(
+        default=None, metadata={"help": "keep only states of these origins (comma-separated: teacher, onpolicy)"}
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "cap the number of states (demo/debug)"})
     judge: dict | str | None = field(
         default_factory=lambda: {"kind": "offline"},
@@ -216,14 +220,9 @@ def build_trainer(recipe: RLRecipe):
     """Data, policy, rewards and GRPOTrainer for one recipe. Returns (trainer, tokenizer, judge, how, n_states)."""
     script, training, model_args = recipe
     # 1. data: the recorded state pool; prompts rendered with each row's tools
-    from datasets import load_from_disk
+    from collect.relabel import load_state_pool  # teacher and/or on-policy (student-reached) states
 
-    if not Path(script.dataset_dir).exists():
-        raise FileNotFoundError(f"dataset_dir {script.dataset_dir!r} does not exist: run collect.harvest first")
-    dd = load_from_disk(script.dataset_dir)
-    if script.train_split not in dd:
-        raise ValueError(f"{script.dataset_dir}: no split {script.train_split!r} (has {list(dd)})")
-    ds = dd[script.train_split]
+    ds = load_state_pool(script.dataset_dir, script.train_split, script.origins)
     if script.max_train_samples:
         ds = ds.select(range(min(script.max_train_samples, len(ds))))
     model, tok, peft_config, how = load_policy(model_args)

@@ -3,10 +3,14 @@ the planner swapped, critic and finalizer fixed by the base collect config.
 
 One config describes a matrix of cells, planner x arm x perception backend; each cell is an ordinary (resumable)
 collect run in OUT/cells/<planner>__<arm>__<perception>/. Then OUT/summary.json gathers every cell's summary and
-OUT/report.html renders them. A planner is one of:
+OUT/report.html renders them. Per planner (seeds pooled): accuracy with its Wilson interval, per-seed accuracies,
+outcomes, answerable-task accuracy, unanswerable -> insufficient rate, valid own-step actions and, with `heldout`, the
+greedy decision scores (rl.score) of each checkpoint on held-out teacher states. A planner is one of:
   offline                      the privileged teacher planner (an upper reference, not a model)
   {checkpoint: DIR}            a transformers checkpoint served on CPU by serve.local for the duration of the cell;
-                               {checkpoint: DIR, endpoint: {max_tokens: 64}} overrides planner_endpoint for it
+                               {checkpoint: DIR, endpoint: {max_tokens: 64}} overrides planner_endpoint for it;
+                               {checkpoint: [DIR_seed0, DIR_seed1, ...]}: one planner trained with several seeds, a
+                               cell per seed (NAME@0, NAME@1, ...) and the seeds pooled in summary.json "planners"
   {endpoint: {base_url, model, api_key_env, ...}}   any OpenAI-compatible server (vLLM on a GPU node, an API)
 """
 
@@ -50,10 +54,15 @@ class EvalConfig:
     )
     concurrency: int | None = field(default=None, metadata={"help": "override runtime.concurrency"})
     workers: int | str | None = field(default=None, metadata={"help": "override the collect `workers` (N | auto)"})
+    heldout: dict | None = field(
+        default=None,
+        metadata={"help": "rl.score of every checkpoint on held-out states: {dataset_dir, split, n, config}"},
+    )
 
     def __post_init__(self):
         if not self.planners:
             raise ValueError("eval config: `planners` is empty")
+        self.planners = expand_seeds(self.planners)
         for name, spec in self.planners.items():
             keys = set(spec) if isinstance(spec, dict) else None
             ok = spec == "offline" or keys in ({"checkpoint"}, {"endpoint"}, {"checkpoint", "endpoint"})
@@ -63,6 +72,111 @@ class EvalConfig:
                 )
             if keys == {"checkpoint", "endpoint"} and {"base_url", "model"} & set(spec["endpoint"]):
                 raise ValueError(f"planners.{name}: a served checkpoint gets its base_url/model from serve.local")
+
+
+def expand_seeds(planners: dict) -> dict:
+    """{checkpoint: [DIR, ...]} -> one planner per checkpoint, NAME@0, NAME@1, ... (a single-item list: NAME)."""
+    out = {}
+    for name, spec in planners.items():
+        ckpt = spec.get("checkpoint") if isinstance(spec, dict) else None
+        if isinstance(ckpt, list | tuple):
+            if "@" in name or not ckpt:
+                raise ValueError(f"planners.{name}: a seed list needs a name without '@' and at least one checkpoint")
+            for i, c in enumerate(ckpt):
+                out[name if len(ckpt) == 1 else f"{name}@{i}"] = {**spec, "checkpoint": str(c)}
+        else:
+            out[name] = spec
+    return out
+
+
+def planner_family(pname: str) -> str:
+    return pname.split("@", 1)[0]
+
+
+def task_type_stats(records: list[dict]) -> dict:
+    """Answerable-task accuracy and the share of unanswerable tasks answered 'insufficient' (embedded world)."""
+    from collect.ledger import INSUFFICIENT
+    from collect.summary import wilson
+
+    def kind(r):
+        return (r.get("task_meta") or {}).get("answer_type")
+
+    ans = [r for r in records if kind(r) != "unanswerable" and r.get("correct") is not None]
+    una = [r for r in records if kind(r) == "unanswerable"]
+    k_ans = sum(bool(r["correct"]) for r in ans)
+    k_una = sum(str(r.get("answer") or "").strip().lower().rstrip(".") == INSUFFICIENT for r in una)
+    # the runtime also answers "insufficient" when the step budget runs out: count the planner's own stops apart
+    declared = sum(r.get("outcome") == "insufficient" for r in una)
+    return {
+        "answerable": {
+            "n": len(ans),
+            "correct": k_ans,
+            "accuracy": k_ans / len(ans) if ans else None,
+            "ci95": [round(x, 4) for x in wilson(k_ans, len(ans))],
+        },
+        "unanswerable": {
+            "n": len(una),
+            "insufficient": k_una,
+            "rate": k_una / len(una) if una else None,
+            "declared_insufficient": declared,
+            "ci95": [round(x, 4) for x in wilson(k_una, len(una))],
+        },
+    }
+
+
+def pool_planners(cells: dict[str, dict], records: dict[str, list[dict]]) -> dict:
+    """Cells of the same planner family, arm and perception (the seeds of one planner) pooled: every task run counts
+    once in the Wilson interval; per-seed accuracies and held-out scores are listed beside it."""
+    from collect.ledger import OUTCOMES
+    from collect.summary import _acc, planner_step_stats
+
+    groups: dict[str, list[str]] = {}
+    for cell, s in cells.items():
+        key = f"{planner_family(s['planner'])}__{s.get('arm', 'ledger')}__{s['perception']}"
+        groups.setdefault(key, []).append(cell)
+    pooled = {}
+    for key, names in groups.items():
+        recs = [r for n in names for r in records[n]]
+        acc = _acc(recs)
+        steps = planner_step_stats(recs)
+        heldout = [cells[n]["heldout"] for n in names if cells[n].get("heldout")]
+        pooled[key] = {
+            "planner": planner_family(cells[names[0]]["planner"]),
+            "seeds": names,
+            "n_seeds": len(names),
+            "n_task_runs": len(recs),
+            "accuracy": acc["accuracy"],
+            "correct": acc["correct"],
+            "ci95": acc["ci95"],
+            "seed_accuracies": [cells[n].get("accuracy") for n in names],
+            "outcomes": {o: sum(cells[n]["outcomes"].get(o, 0) for n in names) for o in OUTCOMES},
+            "valid_action_rate": steps["valid_action_rate"],
+            "planner_calls": steps["planner_calls"],
+            **task_type_stats(recs),
+            "heldout": {
+                k: sum(h[k] for h in heldout) / len(heldout)
+                for k in ("valid", "reference_tool_match", "total")
+                if heldout and all(h.get(k) is not None for h in heldout)
+            }
+            or None,
+        }
+    return pooled
+
+
+def score_heldout(spec, heldout: dict) -> dict | None:
+    """rl.score of a checkpoint planner on held-out teacher states (None for the teacher and URL planners)."""
+    if not isinstance(spec, dict) or "checkpoint" not in spec:
+        return None
+    from rl.score import score
+
+    res = score(
+        heldout["dataset_dir"],
+        spec["checkpoint"],
+        split=heldout.get("split", "train"),
+        n=int(heldout.get("n", 100000)),
+        config=heldout.get("config"),
+    )
+    return {k: res.get(k) for k in ("n", "valid", "gate", "target", "align", "total", "reference_tool_match")}
 
 
 def load_eval_config(path: str, planner: str | None = None) -> EvalConfig:
@@ -139,12 +253,37 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
                     cells[cell]["planner"] = pname
                     cells[cell]["perception"] = perc_name
                     records[cell] = list(read_trajectories(cell_out / "trajectories.jsonl"))
-    summary = {"name": cfg.name, "split": cfg.split, "limit": cfg.limit, "cells": cells}
+                    cells[cell].update(task_type_stats(records[cell]))
+        if cfg.heldout:
+            scored = score_heldout(spec, cfg.heldout)
+            for cell in cells:
+                if cells[cell]["planner"] == pname:
+                    cells[cell]["heldout"] = scored
+    planners = pool_planners(cells, records)
+    summary = {"name": cfg.name, "split": cfg.split, "limit": cfg.limit, "planners": planners, "cells": cells}
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / "summary.json")
-    write_report(out / "report.html", cfg.name, cells, records)
+    write_report(out / "report.html", cfg.name, cells, records, planners)
     return summary
+
+
+def format_planners(summary: dict) -> str:
+    head = (
+        f"{'planner (seeds pooled)':36s} {'seeds':>5s} {'runs':>5s} {'acc':>7s} {'95% CI':>15s} {'answerable':>10s} "
+    )
+    head += f"{'unans->ins':>10s} {'valid':>7s} {'heldout valid/tool':>18s}"
+    lines = [head, "-" * len(head)]
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    for key, p in summary.get("planners", {}).items():
+        ci, h = p["ci95"], p.get("heldout") or {}
+        lines.append(
+            f"{key:36s} {p['n_seeds']:5d} {p['n_task_runs']:5d} {pct(p['accuracy']):>7s} "
+            f"{ci[0] * 100:6.1f}-{ci[1] * 100:5.1f}% {pct(p['answerable']['accuracy']):>10s} "
+            f"{pct(p['unanswerable']['rate']):>10s} {pct(p['valid_action_rate']):>7s} "
+            f"{pct(h.get('valid')) + '/' + pct(h.get('reference_tool_match')) if h else '-':>18s}"
+        )
+    return "\n".join(lines)
 
 
 def format_table(summary: dict) -> str:
@@ -181,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(summary))
+    print()
+    print(format_planners(summary))
     print(f"\nwrote {args.out}/summary.json and {args.out}/report.html")
     return 0
 

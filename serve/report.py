@@ -159,8 +159,43 @@ def task_viewer(records: list[dict], max_tasks: int = 60, max_chars: int = 4000)
     return "".join(out)
 
 
-def render_report(title: str, cells: dict[str, dict], records: dict[str, list[dict]]) -> str:
-    """cells: cell name -> summary dict; records: cell name -> trajectory records."""
+def planners_table(planners: dict[str, dict]) -> str:
+    """One row per planner with its seeds pooled (serve.eval.pool_planners), held-out-state figures beside it."""
+    if not planners:
+        return ""
+    rows = []
+    for key, p in planners.items():
+        ci, h = p.get("ci95") or [None, None], p.get("heldout") or {}
+        ans, una = p.get("answerable") or {}, p.get("unanswerable") or {}
+        seeds = ", ".join(_pct(a) for a in p.get("seed_accuracies", []))
+        rows.append(
+            f"<tr><td>{_e(key)}</td><td>{p.get('n_seeds')}</td><td>{p.get('n_task_runs')}</td>"
+            f"<td>{_pct(p.get('accuracy'))}</td><td>{_pct(ci[0])}–{_pct(ci[1])}</td><td>{_e(seeds)}</td>"
+            f"<td>{_pct(ans.get('accuracy'))} ({ans.get('correct', 0)}/{ans.get('n', 0)})</td>"
+            f"<td>{_pct(una.get('rate'))} ({una.get('insufficient', 0)}/{una.get('n', 0)}; "
+            f"{una.get('declared_insufficient', 0)} declared)</td>"
+            f"<td>{_pct(p.get('valid_action_rate'))}</td>"
+            + "".join(f"<td>{p.get('outcomes', {}).get(o, 0)}</td>" for o in OUTCOMES)
+            + f"<td>{_pct(h.get('valid'))}</td><td>{_pct(h.get('reference_tool_match'))}</td></tr>"
+        )
+    return (
+        "<h2>Planners (seeds pooled)</h2><table><tr><th>planner</th><th>seeds</th><th>task runs</th><th>accuracy</th>"
+        "<th>95% CI</th><th>per seed</th><th>answerable acc.</th><th>unanswerable → insufficient</th>"
+        "<th>valid own steps</th>"
+        + "".join(f"<th>{o}</th>" for o in OUTCOMES)
+        + "<th>held-out valid</th><th>held-out same tool</th></tr>"
+        + "".join(rows)
+        + "</table><p class='muted'>held-out: greedy decisions on teacher-visited states of unseen tasks "
+        "(rl.score), mean over seeds; '-' = not scored (teacher, or no heldout in the eval config). "
+        "Unanswerable tasks end 'insufficient' when the budget runs out too; 'declared' counts the runs that stopped "
+        "with outcome insufficient.</p>"
+    )
+
+
+def render_report(
+    title: str, cells: dict[str, dict], records: dict[str, list[dict]], planners: dict[str, dict] | None = None
+) -> str:
+    """cells: cell name -> summary dict; records: cell name -> trajectory records; planners: seeds pooled."""
     rows = []
     for name, s in cells.items():
         oc = s.get("outcomes", {})
@@ -189,13 +224,16 @@ def render_report(title: str, cells: dict[str, dict], records: dict[str, list[di
         if s.get("n_missing_media")
     ]
     table += "".join(notes)
-    tokens = line_chart(
-        {n: s.get("planner_prompt_tokens_by_step", {}) for n, s in cells.items()},
-        "planner prompt tokens per call, by step",
-        "tokens",
-    )
+    # a planner that reports no token counts (the offline teacher) is left out, not drawn as a line at 0
+    series = {n: s.get("planner_prompt_tokens_by_step", {}) for n, s in cells.items()}
+    counted = {n: v for n, v in series.items() if any((y or 0) > 0 for y in v.values())}
+    tokens = line_chart(counted, "planner prompt tokens per call, by step", "tokens")
+    if len(counted) < len(series):
+        left = ", ".join(n for n in series if n not in counted)
+        tokens += f"<p class='muted'>left out (no token counts): {_e(left)}</p>"
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title><style>{CSS}</style>"]
-    parts.append(f"</head><body><h1>{_e(title)}</h1><h2>Summary</h2>{table}<h2>Context per planner call</h2>{tokens}")
+    parts.append(f"</head><body><h1>{_e(title)}</h1>{planners_table(planners or {})}<h2>Summary</h2>{table}")
+    parts.append(f"<h2>Context per planner call</h2>{tokens}")
     parts.append("<h2>Outcomes, tools and need closure</h2>")
     for name, s in cells.items():
         closure = s.get("closure_audit", {})
@@ -218,9 +256,15 @@ def render_report(title: str, cells: dict[str, dict], records: dict[str, list[di
     return "".join(parts)
 
 
-def write_report(path: str | Path, title: str, cells: dict[str, dict], records: dict[str, list[dict]]) -> Path:
+def write_report(
+    path: str | Path,
+    title: str,
+    cells: dict[str, dict],
+    records: dict[str, list[dict]],
+    planners: dict[str, dict] | None = None,
+) -> Path:
     path = Path(path)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(render_report(title, cells, records), encoding="utf-8")
+    tmp.write_text(render_report(title, cells, records, planners), encoding="utf-8")
     tmp.replace(path)
     return path

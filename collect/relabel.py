@@ -1,0 +1,303 @@
+"""On-policy states labelled by the teacher (DAgger-style aggregation; docs/training.md "On-policy relabelling").
+
+    python -m collect.relabel --planner CKPT_OR_URL --out DIR --round K [--config configs/collect/embedded.yaml]
+                              [--split train] [--limit N] [--teacher-data runs/collect] [--previous DIR ...]
+
+1. run: the collect engine runs the ledger runtime over a split with the planner role swapped for the student (a
+   checkpoint served by serve.local, or an OpenAI-compatible endpoint: serve.eval.planner_endpoint), critic, finalizer
+   and need parser staying the configured ones -> DIR/collect/trajectories.jsonl (every state the student reached:
+   its own mistakes, blocked finishes and rejection notes are in the recorded steps).
+2. relabel: at every recorded planner step the privileged teacher (collect.teacher.TeacherPlanner.choose, which reads
+   only R0 and the ledger) picks the action for the ledger the student saw; (step prompt, teacher action) becomes an
+   SFT row and an rl_states row built by collect.harvest.decision_rows, marked origin "onpolicy", round K
+   -> DIR/onpolicy_sft.jsonl, DIR/onpolicy_rl_states.jsonl, DIR/relabel_stats.json.
+3. aggregate (--teacher-data): teacher rows + on-policy rows of this and the --previous rounds, identical prompts
+   kept once (first wins: teacher, then rounds in order) -> DIR/data/{sft,rl_states} (+ .jsonl mirrors), the dataset
+   of round K's SFT.
+
+Test-split tasks are never relabelled: a test (or "all") split, or any selected task whose split is "test", is refused
+before anything runs. Only the ledger arm is relabelled (the teacher reads the ledger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from collect.actions import Action, ActionError, validate_action
+from collect.harvest import _save, decision_rows, split_of
+from collect.ledger import Asset, Budget, TaskContext, ledger_from_dict
+from collect.trajectory import iter_trajectories
+
+FORBIDDEN_SPLITS = ("test", "all", None)
+
+
+class TestSplitError(ValueError):
+    """Relabelling was asked to touch the test split."""
+
+    __test__ = False  # not a pytest class
+
+
+def r0_from_dict(d: dict) -> TaskContext:
+    """TaskContext from `TaskContext.to_dict()` (the trajectory's `r0`)."""
+    kw = dict(d)
+    kw["assets"] = tuple(Asset(**a) for a in d.get("assets") or ())
+    kw["options"] = tuple(d.get("options") or ())
+    if "allowed_tools" in d:
+        kw["allowed_tools"] = tuple(d["allowed_tools"])
+    kw["budget"] = Budget(**d["budget"]) if d.get("budget") else Budget()
+    return TaskContext(**kw)
+
+
+def check_split(split: str | None, tasks=()) -> None:
+    """Refuse the test split: by name, and by every selected task's own split."""
+    if split in FORBIDDEN_SPLITS:
+        raise TestSplitError(
+            f"refusing to relabel split {split!r}: it includes the test split, which must stay unseen by training; "
+            "use train or dev"
+        )
+    bad = [t.id for t in tasks if getattr(t, "split", None) == "test"]
+    if bad:
+        raise TestSplitError(f"refusing to relabel {len(bad)} test-split task(s) (e.g. {bad[:3]}); use train or dev")
+
+
+def relabel_trajectory(traj: dict, round_: int, stats: Counter, teacher=None) -> tuple[list[dict], list[dict]]:
+    """(sft rows, rl rows): one per recorded planner step of a student trajectory, labelled by the teacher."""
+    from collect.teacher import TeacherPlanner
+
+    teacher = teacher or TeacherPlanner()
+    r0 = r0_from_dict(traj["r0"])
+    sft, rl = [], []
+    for st in traj.get("steps", []):
+        tools = st["planner_input"].get("tools") or []
+        offered = [t.get("function", t)["name"] for t in tools]
+        action = teacher.choose(r0, ledger_from_dict(st["ledger_before"]), offered)
+        try:
+            validate_action(action, tools)
+        except ActionError as e:  # the teacher's action must fit the step's schemas, or it teaches nothing
+            stats["teacher_invalid"] += 1
+            print(f"relabel: task {traj['task_id']} step {st['t']}: teacher action invalid ({e})", file=sys.stderr)
+            continue
+        student = st.get("action")
+        stats["states"] += 1
+        stats["student_invalid"] += student is None
+        stats["same_tool"] += bool(student) and student["name"] == action.name
+        stats["same_action"] += bool(student) and Action(student["name"], student.get("arguments") or {}) == action
+        latest = st.get("latest_observation") or ""
+        stats["after_rejected_reply"] += latest.startswith("Your previous reply was rejected")
+        stats["after_tool_failure"] += latest.startswith("Tool ") and " failed: " in latest
+        s_row, r_row = decision_rows(traj, st, action, origin="onpolicy", round_=round_)
+        sft.append(s_row)
+        rl.append(r_row)
+    return sft, rl
+
+
+def relabel_trajectories(path: str | Path, round_: int, forbidden_ids: set[str] = frozenset()) -> tuple:
+    """(sft rows, rl rows, stats) of every trajectory in a student's trajectory file."""
+    stats: Counter = Counter()
+    sft, rl = [], []
+    for _, traj in iter_trajectories(path, []):
+        if traj["task_id"] in forbidden_ids:
+            raise TestSplitError(f"{path}: task {traj['task_id']!r} is a test-split task; refusing to relabel it")
+        if traj.get("arm", "ledger") != "ledger":
+            raise ValueError(f"{path}: task {traj['task_id']!r} ran the {traj.get('arm')!r} arm; relabel needs ledger")
+        stats["tasks"] += 1
+        stats["tasks_correct"] += traj.get("correct") is True
+        s, r = relabel_trajectory(traj, round_, stats)
+        sft += s
+        rl += r
+    key = lambda r: (r["task_id"], r["step"])  # noqa: E731
+    return sorted(sft, key=key), sorted(rl, key=key), stats
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def _prompt_key(row: dict) -> str:
+    return json.dumps([row.get("kind", "decision"), row["prompt"]], ensure_ascii=False, sort_keys=True)
+
+
+def aggregate(teacher_data: str | Path, round_dirs: list[str | Path], out: str | Path, eval_share=0.1, seed=0) -> dict:
+    """Teacher rows (harvest's DATA/{sft,rl_states}.{train,eval}.jsonl) + on-policy rows of `round_dirs`, identical
+    prompts kept once (first wins: teacher rows, then the rounds in the given order). A task keeps the teacher's
+    train/eval assignment; a task the teacher never kept is split like harvest (`split_of(task_id, eval_share, seed)`).
+    Writes OUT/sft, OUT/rl_states (+ .jsonl mirrors) and OUT/aggregate_stats.json."""
+    teacher_data, out = Path(teacher_data), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"teacher_data": str(teacher_data), "rounds": [str(d) for d in round_dirs]}
+    for name in ("sft", "rl_states"):
+        rows: dict[str, list[dict]] = {"train": [], "eval": []}
+        task_split: dict[str, str] = {}
+        for split in ("train", "eval"):
+            p = teacher_data / f"{name}.{split}.jsonl"
+            if split == "train" and not p.is_file():
+                raise FileNotFoundError(f"{p} not found: run collect (with harvest) for the teacher data first")
+            for r in _read_jsonl(p) if p.is_file() else []:
+                r.setdefault("origin", "teacher")  # harvests written before the origin column
+                r.setdefault("round", 0)
+                rows[split].append(r)
+                task_split[r["task_id"]] = split
+        seen = {_prompt_key(r) for rs in rows.values() for r in rs}
+        added, dupes = Counter(), 0
+        for d in round_dirs:
+            for r in _read_jsonl(Path(d) / f"onpolicy_{name}.jsonl"):
+                k = _prompt_key(r)
+                if k in seen:
+                    dupes += 1
+                    continue
+                seen.add(k)
+                split = task_split.setdefault(r["task_id"], split_of(r["task_id"], eval_share, seed))
+                rows[split].append(r)
+                added[f"round_{r['round']}"] += 1
+        for rs in rows.values():
+            rs.sort(key=lambda r: (r["task_id"], r.get("kind", "") != "need_parse", r["round"], r["step"]))
+        _save(rows, out, name)
+        result[name] = {
+            "rows": {k: len(v) for k, v in rows.items()},
+            "by_origin": dict(Counter(r["origin"] for rs in rows.values() for r in rs)),
+            "onpolicy_added_by_round": dict(sorted(added.items())),
+            "onpolicy_duplicates_dropped": dupes,
+        }
+    (out / "aggregate_stats.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def run_relabel(
+    planner,
+    out: str | Path,
+    round_: int,
+    *,
+    config: str = "configs/collect/embedded.yaml",
+    split: str = "train",
+    limit: int | None = None,
+    planner_defaults: dict | None = None,
+    concurrency: int | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Run the student (`planner`: a serve.eval planner spec) over `split`, relabel its states; returns the stats."""
+    from collect.config import load_config
+    from collect.run import embedded_world, load_task_list, run_collection
+    from serve.eval import planner_endpoint
+
+    check_split(split)
+    base = load_config(config, {"split": split, "limit": limit, "progress": False})
+    check_split(split, load_task_list(base))
+    if base.runtime.arm != "ledger":
+        raise ValueError(f"{config}: runtime.arm is {base.runtime.arm!r}; relabelling needs the ledger arm")
+    forbidden: set[str] = set()
+    if base.tasks.kind == "embedded":  # belt and braces: no trajectory of a test task is ever turned into rows
+        forbidden = {t.id for t in embedded_world(base.tasks.seed).tasks if t.split == "test"}
+    out = Path(out)
+    defaults = planner_defaults or {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2}
+    with planner_endpoint(planner, defaults) as endpoint:
+        cfg = copy.deepcopy(base)
+        cfg.name = f"relabel-round{round_}"
+        cfg.runtime = dataclasses.replace(cfg.runtime, concurrency=concurrency or cfg.runtime.concurrency)
+        if endpoint is not None:
+            cfg.endpoints = {**cfg.endpoints, "planner": endpoint}
+            cfg.roles = dataclasses.replace(cfg.roles, planner="planner")
+        summary = run_collection(cfg, out / "collect", overwrite=overwrite)
+    sft, rl, stats = relabel_trajectories(out / "collect" / "trajectories.jsonl", round_, forbidden)
+    _write_jsonl(out / "onpolicy_sft.jsonl", sft)
+    _write_jsonl(out / "onpolicy_rl_states.jsonl", rl)
+    n = stats["states"] or 1
+    result = {
+        "round": round_,
+        "split": split,
+        "student": {k: summary.get(k) for k in ("n_tasks", "accuracy", "ci95", "outcomes", "valid_action_rate")},
+        "tasks": stats["tasks"],
+        "states": stats["states"],
+        "teacher_invalid": stats["teacher_invalid"],
+        "student_invalid_share": round(stats["student_invalid"] / n, 4),
+        "student_same_tool_share": round(stats["same_tool"] / n, 4),
+        "student_same_action_share": round(stats["same_action"] / n, 4),
+        "states_after_rejected_reply": stats["after_rejected_reply"],
+        "states_after_tool_failure": stats["after_tool_failure"],
+    }
+    (out / "relabel_stats.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    from collect.run import RunDirError, setup_logging
+    from serve.eval import parse_planner_arg
+
+    ap = argparse.ArgumentParser(prog="python -m collect.relabel", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--planner", required=True, help="student: checkpoint dir | URL#model")
+    ap.add_argument("--out", required=True, help="round folder (collect/, onpolicy_*.jsonl, data/)")
+    ap.add_argument("--round", type=int, default=1, dest="round_")
+    ap.add_argument("--config", default="configs/collect/embedded.yaml")
+    ap.add_argument("--split", default="train", help="train | dev (test is refused)")
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--max-tokens", type=int, default=640, help="student reply cap (a code_executor call is ~480)")
+    ap.add_argument("--concurrency", type=int, default=None)
+    ap.add_argument("--teacher-data", default=None, help="teacher harvest dir: also write OUT/data (the aggregate)")
+    ap.add_argument("--previous", nargs="*", default=[], help="earlier round folders to aggregate")
+    ap.add_argument("--eval-share", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    setup_logging()
+    try:
+        stats = run_relabel(
+            parse_planner_arg(a.planner),
+            a.out,
+            a.round_,
+            config=a.config,
+            split=a.split,
+            limit=a.limit,
+            planner_defaults={"max_tokens": a.max_tokens, "timeout_s": 120.0, "max_retries": 2},
+            concurrency=a.concurrency,
+        )
+        if a.teacher_data:
+            stats["aggregate"] = aggregate(
+                a.teacher_data, [*a.previous, a.out], Path(a.out) / "data", a.eval_share, a.seed
+            )
+    except (ValueError, FileNotFoundError, RunDirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(stats, indent=1))
+    return 0
+
+
+def load_state_pool(dataset_dirs: str, split: str = "train", origins: str | None = None):
+    """rl_states rows of one or several DatasetDicts (comma-separated dirs), concatenated in order; rows written
+    before the origin column count as teacher rows; `origins` (comma-separated, e.g. "onpolicy") keeps only those."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    parts = []
+    for d in [x.strip() for x in dataset_dirs.split(",") if x.strip()]:
+        if not Path(d).exists():
+            raise FileNotFoundError(f"dataset_dir {d!r} does not exist: run collect.harvest / collect.relabel first")
+        dd = load_from_disk(d)
+        if split not in dd:
+            raise ValueError(f"{d}: no split {split!r} (has {list(dd)})")
+        ds = dd[split]
+        if "origin" not in ds.column_names:
+            ds = ds.add_column("origin", ["teacher"] * len(ds)).add_column("round", [0] * len(ds))
+        parts.append(ds)
+    if not parts:
+        raise ValueError("dataset_dir names no directory")
+    cols = parts[0].column_names
+    ds = concatenate_datasets([p.select_columns(cols) for p in parts]) if len(parts) > 1 else parts[0]
+    if origins:
+        keep = {o.strip() for o in origins.split(",") if o.strip()}
+        ds = ds.filter(lambda r: r["origin"] in keep)
+        if len(ds) == 0:
+            raise ValueError(f"{dataset_dirs}: no {split} states of origin {sorted(keep)}")
+    return ds
+
+
+if __name__ == "__main__":
+    sys.exit(main())

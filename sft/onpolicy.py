@@ -1,0 +1,155 @@
+"""Rounds of on-policy relabelling + state-SFT (DAgger-style; docs/training.md "On-policy relabelling").
+
+    python -m sft.onpolicy --config configs/onpolicy/tiny.yaml --model SFT_OUT/merged [--rounds N] [--out DIR]
+
+Round k (1..N): the current planner runs over the recipe's split (never test) and the teacher labels every state it
+reached (collect.relabel.run_relabel -> DIR/round{k}/); the SFT dataset of round k is the teacher rows + the on-policy
+rows of rounds 1..k, identical prompts once (collect.relabel.aggregate -> DIR/round{k}/data); sft.train trains on it
+(`init: previous` fine-tunes round k-1's model, `init: scratch` trains the recipe from its tiny base) ->
+DIR/round{k}/sft/merged, the planner of round k+1. With `rl: true`, GRPO (rl.train) then runs on the last round's
+aggregated rl_states (teacher + student-reached states) -> DIR/rl. DIR/onpolicy_summary.json: every round's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class OnPolicyConfig:
+    collect: str = field(default="configs/collect/embedded.yaml", metadata={"help": "runtime recipe (critic etc.)"})
+    split: str = field(default="train", metadata={"help": "split the student runs on (train | dev; never test)"})
+    limit: int | None = field(default=None, metadata={"help": "first N tasks of the split"})
+    teacher_data: str = field(default="runs/collect", metadata={"help": "teacher harvest dir (sft.*.jsonl ...)"})
+    rounds: int = field(default=2, metadata={"help": "relabel + SFT rounds"})
+    planner_endpoint: dict = field(default_factory=lambda: {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2})
+    concurrency: int | None = field(default=4, metadata={"help": "tasks in flight while the student runs"})
+    sft_config: str = field(default="configs/sft/tiny.yaml", metadata={"help": "sft.train recipe"})
+    sft_args: dict = field(default_factory=dict, metadata={"help": "sft.train overrides, e.g. {max_steps: 600}"})
+    init: str = field(default="previous", metadata={"help": "previous: fine-tune the last model | scratch"})
+    rl: bool = field(default=False, metadata={"help": "GRPO on the last round's aggregated rl_states"})
+    rl_config: str = field(default="configs/rl/tiny.yaml")
+    rl_args: dict = field(default_factory=dict, metadata={"help": "rl.train overrides (origins: onpolicy, ...)"})
+    eval_share: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self):
+        from collect.relabel import check_split
+
+        check_split(self.split)
+        if self.init not in ("previous", "scratch"):
+            raise ValueError(f"init must be previous or scratch, got {self.init!r}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+
+
+def load_onpolicy_config(path: str, overrides: dict | None = None) -> OnPolicyConfig:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"on-policy recipe not found: {p}")
+    raw = {**(yaml.safe_load(p.read_text()) or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    known = {f.name for f in dataclasses.fields(OnPolicyConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    return OnPolicyConfig(**raw)
+
+
+def _flags(d: dict) -> list[str]:
+    out = []
+    for k, v in d.items():
+        out += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+    return out
+
+
+def _stage(args: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", *args], check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return round(time.perf_counter() - t0, 1)
+
+
+def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
+    from collect.relabel import aggregate, run_relabel
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not Path(model).is_dir():
+        raise FileNotFoundError(f"start planner not found: {model}")
+    summary: dict = {"config": dataclasses.asdict(cfg), "start_model": model, "rounds": []}
+    rounds_done: list[Path] = []
+    for k in range(1, cfg.rounds + 1):
+        rdir = out / f"round{k}"
+        t0 = time.perf_counter()
+        stats = run_relabel(
+            {"checkpoint": model},
+            rdir,
+            k,
+            config=cfg.collect,
+            split=cfg.split,
+            limit=cfg.limit,
+            planner_defaults=cfg.planner_endpoint,
+            concurrency=cfg.concurrency,
+        )
+        stats["relabel_s"] = round(time.perf_counter() - t0, 1)
+        rounds_done.append(rdir)
+        stats["aggregate"] = aggregate(cfg.teacher_data, rounds_done, rdir / "data", cfg.eval_share, cfg.seed)
+        sft_out = rdir / "sft"
+        args = ["sft.train", "--config", cfg.sft_config, "--dataset_dir", str(rdir / "data" / "sft")]
+        args += ["--output_dir", str(sft_out), *_flags(cfg.sft_args)]
+        if cfg.init == "previous":
+            args += ["--model_name_or_path", model]
+        stats["sft_s"] = _stage(args)
+        model = str(sft_out / "merged")
+        stats["model"] = model
+        summary["rounds"].append(stats)
+        _write(out / "onpolicy_summary.json", summary)
+    summary["final_sft_model"] = model
+    if cfg.rl:
+        rl_out = out / "rl"
+        args = ["rl.train", "--config", cfg.rl_config, "--dataset_dir", str(rounds_done[-1] / "data" / "rl_states")]
+        args += ["--model_name_or_path", model, "--output_dir", str(rl_out), *_flags(cfg.rl_args)]
+        summary["rl_s"] = _stage(args)
+        summary["final_rl_model"] = str(rl_out)
+    _write(out / "onpolicy_summary.json", summary)
+    return summary
+
+
+def _write(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from collect.run import RunDirError, setup_logging
+
+    ap = argparse.ArgumentParser(prog="python -m sft.onpolicy", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="configs/onpolicy/tiny.yaml")
+    ap.add_argument("--model", required=True, help="the start planner (a state-SFT checkpoint)")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--out", default="runs/onpolicy")
+    a = ap.parse_args(argv)
+    setup_logging()
+    try:
+        cfg = load_onpolicy_config(a.config, {"rounds": a.rounds, "limit": a.limit})
+        summary = run_onpolicy(cfg, a.model, a.out)
+    except (ValueError, FileNotFoundError, RunDirError, subprocess.CalledProcessError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
