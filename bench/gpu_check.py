@@ -264,7 +264,7 @@ def build_model(out: Path, dims: Dims, num_layers: int, device: str, seed: int =
     import torch
     from transformers import Qwen3_5ForCausalLM
 
-    from sft.tiny import default_texts, train_tokenizer
+    from sft.tiny import default_texts, save_checkpoint, train_tokenizer
 
     t0 = time.perf_counter()
     tok = train_tokenizer(default_texts(seed))
@@ -275,12 +275,7 @@ def build_model(out: Path, dims: Dims, num_layers: int, device: str, seed: int =
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen3_5ForCausalLM._from_config(cfg, dtype=dtype)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.bos_token_id = None
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_checkpoint(model, tok, out)
     info = {
         "path": str(out),
         "layers": num_layers,

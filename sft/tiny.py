@@ -121,6 +121,17 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096):
     return hf_tok
 
 
+def save_checkpoint(model, tok, out: Path) -> None:
+    """A randomly initialised model + local tokenizer as a checkpoint directory: generation stops at the tokenizer's
+    end-of-turn token and pads with its pad token (no BOS), as every tiny and gpu-check model here does."""
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.bos_token_id = None
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
 def build_tiny_model(
     out_dir: str | os.PathLike,
     texts: Iterable[str] | None = None,
@@ -157,12 +168,7 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.generation_config.bos_token_id = None
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_checkpoint(model, tok, out)
     n = sum(p.numel() for p in model.parameters())
     log.info("tiny model: %.2fM params, vocab %d, built in %.1fs -> %s", n / 1e6, len(tok), time.time() - t0, out)
     return out
