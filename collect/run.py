@@ -11,15 +11,27 @@ import fcntl
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import time
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from collect.config import CollectConfig, EndpointConfig, ToolsConfig, from_mapping, parse_shard, shard_of
+import httpx
+from tqdm import tqdm
+
+from collect import judges, loaders, tasks
+from collect.config import CollectConfig, EndpointConfig, ToolsConfig, build_roles, from_mapping, parse_shard, shard_of
 from collect.ledger import INSUFFICIENT
+from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
+from collect.loop import run_task
 from collect.summary import summarize
+from collect.tasks import load_corpus, sidecar_corpus
+from collect.tools import ToolBox
+from collect.trajectory import TrajectoryWriter, encode_record, finished_ids, read_trajectories
+from collect.world import load_world
 
 log = logging.getLogger("collect")
 
@@ -27,8 +39,6 @@ log = logging.getLogger("collect")
 @functools.lru_cache(maxsize=4)
 def embedded_world(seed: int):
     """The generated world, built once per process and seed (tasks and corpus; eval cells reuse it)."""
-    from collect.world import load_world
-
     return load_world(seed=seed)
 
 
@@ -40,7 +50,6 @@ def setup_logging() -> None:
 
 
 def load_task_list(cfg: CollectConfig) -> list:
-    from collect import loaders, tasks
 
     src = cfg.tasks
     if src.kind == "embedded":
@@ -63,7 +72,6 @@ def load_task_corpus(cfg: CollectConfig) -> list[dict]:
     """The web corpus a run's bm25 search indexes: the embedded world's own, else the task source's `corpus` JSONL,
     else (task files) `<stem>.corpus.jsonl` next to the task file when it exists, else none (docs/world.md,
     "External tasks with evidence"). Tasks may add their own `documents` on top (collect.tools.ToolBox)."""
-    from collect.tasks import load_corpus, sidecar_corpus
 
     src = cfg.tasks
     if src.kind == "embedded":
@@ -120,7 +128,6 @@ def _task_meta(task, missing: list[str] | None = None) -> dict:
 
 
 async def _judge(cfg: CollectConfig, task, answer: str | None, pool) -> tuple[bool, dict]:
-    from collect import judges
 
     source = getattr(task, "source", "embedded")
     mode = judges.resolve_mode(cfg.judge.get("scoring"), source)  # judge.scoring: official | robust (docs/world.md)
@@ -148,7 +155,6 @@ def used_endpoints(cfg: CollectConfig) -> dict[str, EndpointConfig]:
 
 async def check_endpoints(cfg: CollectConfig, timeout_s: float = 10.0) -> None:
     """Fail fast, naming the URL, when a configured endpoint does not answer GET /models at start-up."""
-    import httpx
 
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         for name, ep in used_endpoints(cfg).items():
@@ -191,7 +197,6 @@ def unlock_out(fd: int) -> None:
 def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwrite: bool) -> set[str]:
     """Create OUT, check that it belongs to this config, and return the task ids already finished there.
     The caller holds the OUT lock (`lock_out`)."""
-    from collect.trajectory import finished_ids
 
     traj = out / "trajectories.jsonl"
     meta = out / "run_config.json"
@@ -228,7 +233,6 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
 
 
 async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False) -> dict:
-    from collect import judges
 
     out = Path(out)
     # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
@@ -262,11 +266,6 @@ async def _run_tasks(cfg: CollectConfig, tasks: list, concurrency: int, emit) ->
     """Run `tasks` in this process's event loop, at most `concurrency` at a time. For each finished task
     `emit(task_id, line, None)` with its encoded trajectory line; for each task that did not finish
     `emit(task_id, None, error)` (nothing is written for it, so a rerun with the same OUT retries it)."""
-    from collect.config import build_roles
-    from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
-    from collect.loop import run_task
-    from collect.tools import ToolBox
-    from collect.trajectory import encode_record
 
     tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
     pool = ClientPool(cfg.endpoints, concurrency=concurrency)
@@ -313,7 +312,6 @@ async def _run_tasks(cfg: CollectConfig, tasks: list, concurrency: int, emit) ->
 
 
 async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, allow_mixed_config, overwrite) -> dict:
-    from collect.trajectory import TrajectoryWriter, read_trajectories
 
     done = prepare_out(out, cfg, allow_mixed_config, overwrite)
     todo = [t for t in all_tasks if t.id not in done]
@@ -371,8 +369,6 @@ def _shares(items: list, n: int) -> list[list]:
 
 
 def _run_workers(cfg: CollectConfig, todo: list, n_workers: int, emit) -> None:
-    import multiprocessing
-    from multiprocessing.connection import wait
 
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (tokenizers, HTTP)
     conc = cfg.runtime.concurrency
@@ -465,6 +461,5 @@ class _NullBar:
 def _progress(total: int, initial: int, enabled: bool, desc: str):
     if not enabled:
         return _NullBar()
-    from tqdm import tqdm
 
     return tqdm(total=total, initial=initial, desc=desc, unit="task", file=sys.stderr, dynamic_ncols=True)

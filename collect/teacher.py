@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
+from datetime import datetime
 
 from collect.actions import Action
 from collect.ledger import (
@@ -124,7 +126,6 @@ def _unit(word: str) -> str | None:
 
 def _fold(text: str) -> str:
     """Lowercase, accents dropped, every non-alphanumeric run a single space."""
-    import unicodedata
 
     t = unicodedata.normalize("NFKD", text)
     t = "".join(c for c in t if not unicodedata.combining(c)).lower()
@@ -223,7 +224,6 @@ def _split_quantity(value: str) -> tuple[float, str | None] | None:
 
 
 def _dates(text: str) -> set:
-    from datetime import datetime
 
     found = set()
     t = re.sub(r"(\d)(st|nd|rd|th)\b", r"\1", text)
