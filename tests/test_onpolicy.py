@@ -82,7 +82,7 @@ def test_rows_are_the_students_states_labelled_by_the_teacher(relabelled):
         want = teacher.choose(r0_from_dict(traj["r0"]), ledger_from_dict(st["ledger_before"]), rrow["tool_names"])
         assert json.loads(rrow["reference_action"]) == want.to_dict()  # the label is the teacher's
         call = srow["completion"][0]["tool_calls"][0]["function"]
-        assert (call["name"], json.loads(call["arguments"])) == (want.name, want.arguments)
+        assert (call["name"], call["arguments"]) == (want.name, want.arguments)  # arguments as a mapping
         assert (srow["origin"], srow["round"], rrow["origin"], rrow["round"]) == ("onpolicy", 1, "onpolicy", 1)
         disagreements += st["action"] != want.to_dict()
     assert disagreements >= len(sft) - N_TASKS  # the student's own actions are not what was learned
