@@ -1,10 +1,10 @@
 """The repository is self-contained: no tracked file names a path outside it.
 
 Code, tests, configs, docs and the Makefile must not point at a sibling checkout (the reference shelf beside the
-clone), the machine this was developed on (its work folder, home directories) or absolute data mounts (`/data/...`, `/mnt/...`): everything a run or a
-test reads lives in the repository (the OmniGAIA metadata is vendored under data/omnigaia/) or is passed in by the
-user. Exempt: .gitignore (its leading `/` anchors a pattern at the repository root) and vendored third-party data
-under data/ (upstream annotations, never read as paths).
+clone), the machine this was developed on (its work folder, home directories) or absolute data mounts (`/data/...`,
+`/mnt/...`): everything a run or a test reads lives in the repository (the OmniGAIA metadata is vendored under
+data/omnigaia/) or is passed in by the user. Exempt: .gitignore (its leading `/` anchors a pattern at the repository
+root) and vendored third-party data under data/ (upstream annotations, never read as paths).
 """
 
 from __future__ import annotations
