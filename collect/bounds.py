@@ -48,9 +48,14 @@ def clean_text(s: Any, limit: int | None = None) -> str:
         s = "" if s is None else str(s)
     if _SURROGATE_RE.search(s):
         s = _SURROGATE_RE.sub("\ufffd", s)
-    if limit is not None and len(s) > limit:
-        s = s[:limit] + f"...[cut {len(s) - limit} characters]"
-    return s
+    return s if limit is None else truncate(s, limit)
+
+
+def truncate(text: str, limit: int) -> str:
+    """Cut to `limit` characters and say how much was cut (deterministic; the planner prompts rely on its bytes)."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n...[truncated {len(text) - limit} characters]"
 
 
 def json_depth(text: str) -> int:

@@ -11,6 +11,7 @@ import json
 from functools import cache
 from pathlib import Path
 
+from collect.bounds import truncate  # one truncation rule for prompts and bounded role output
 from collect.config import MAX_OBSERVATION_CHARS
 from collect.ledger import Ledger, NormalizedObservation, TaskContext, render_digest
 from collect.tools import FINISH_SCHEMA
@@ -25,13 +26,6 @@ def load_prompt(name: str) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {path} does not exist")
     return path.read_text(encoding="utf-8").strip()
-
-
-def truncate(text: str, limit: int) -> str:
-    """Cut to `limit` characters and say how much was cut (deterministic)."""
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n...[truncated {len(text) - limit} characters]"
 
 
 def render_r0(r0: TaskContext) -> str:
