@@ -4,14 +4,12 @@ UTF-8, never overflows the stack, never makes the reducer quadratic, and never g
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
 import collect.ledger as ledger_mod
 from collect.bounds import Limits, clean_json, json_depth
-from collect.config import EndpointConfig, RolesConfig, RuntimeConfig, build_roles
 from collect.ledger import (
     Asset,
     NeedsDeclared,
@@ -25,11 +23,10 @@ from collect.ledger import (
     reduce,
     state_hash,
 )
-from collect.llm import ClientPool
-from collect.loop import ToolFailure, run_task
 from collect.roles.openai_roles import parse_verdict
 from collect.trajectory import TrajectoryWriter, read_trajectories
-from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
+from tests.fakes import FakeChatServer, text, tool_call
+from tests.helpers.loop_script import all_events, run
 
 R0 = TaskContext(task_id="h-1", question="Which year?", assets=(Asset("v1", "video", 60.0),))
 NEEDS = {"needs": [{"need": "the year", "preferred_source": "web", "query_focus": "year"}]}
@@ -41,23 +38,12 @@ def _critic(updates, verdict="INSUFFICIENT"):
     return text(json.dumps({"verdict": verdict, "gap_diagnosis": {"gap_type": "x"}, "updated_need_statuses": updates}))
 
 
-def _run(srv, toolbox=None, **cfg):
-    async def go():
-        endpoints = {"fake": EndpointConfig(base_url=srv.base_url, model="fake", max_retries=0, timeout_s=30)}
-        pool = ClientPool(endpoints, concurrency=2)
-        roles = build_roles(R0, RolesConfig.from_dict({r: "fake" for r in RolesConfig().as_dict()}), endpoints, pool)
-        try:
-            return await run_task(R0, roles, toolbox or FakeToolBox(ToolFailure), RuntimeConfig(**cfg))
-        finally:
-            await pool.close()
-
-    rec = asyncio.run(go())
-    assert srv.misses == []
-    return rec
+def _run(srv, **kw):
+    return run(srv, r0=R0, **kw)  # the shared scripted-run helper (real client, roles, run_task)
 
 
 def _events(rec):
-    return [e for s in rec["steps"] for e in s["events"]] + rec["final_events"]
+    return all_events(rec)
 
 
 @pytest.fixture

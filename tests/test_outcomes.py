@@ -4,35 +4,21 @@ declares it before trying is still blocked by the gate."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
-from collect.config import EndpointConfig, RolesConfig, RuntimeConfig, build_roles
 from collect.ledger import Asset, TaskContext
-from collect.llm import ClientPool
-from collect.loop import ToolFailure, run_task
-from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
+from tests.fakes import FakeChatServer, text, tool_call
+from tests.helpers.loop_script import run
 
 R0 = TaskContext(task_id="o-1", question="When was the bridge opened?", assets=(Asset("v1", "video", 60.0),))
 NEEDS = {"needs": [{"need": "opening year", "preferred_source": "web", "query_focus": "bridge opened"}]}
 NOTHING = text(json.dumps({"verdict": "INSUFFICIENT", "gap_diagnosis": {"gap_type": "insufficient"}}))
 
 
-def _run(srv, **cfg):
-    async def go():
-        endpoints = {"fake": EndpointConfig(base_url=srv.base_url, model="fake", max_retries=0, timeout_s=10)}
-        pool = ClientPool(endpoints, concurrency=2)
-        roles = build_roles(R0, RolesConfig.from_dict({r: "fake" for r in RolesConfig().as_dict()}), endpoints, pool)
-        try:
-            return await run_task(R0, roles, FakeToolBox(ToolFailure), RuntimeConfig(**cfg))
-        finally:
-            await pool.close()
-
-    rec = asyncio.run(go())
-    assert srv.misses == []
-    return rec
+def _run(srv, **kw):
+    return run(srv, r0=R0, **kw)  # the shared scripted-run helper (real client, roles, run_task)
 
 
 @pytest.fixture
