@@ -51,6 +51,12 @@ def write_config(path: Path, base_url: str, **over) -> Path:
     return path
 
 
+def _wait_lines(traj: Path, k: int, timeout: float = 90.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and (not traj.exists() or len(traj.read_text().splitlines()) < k):
+        time.sleep(0.05)
+
+
 def lines(path: Path) -> list[dict]:
     """Every complete line must be valid JSON. A SIGKILL can cut the last write short (Linux stops a multi-page
     write to a regular file at a fatal signal), leaving a last line without its newline: the documented torn tail
@@ -80,9 +86,7 @@ def test_sigkill_mid_run_then_rerun_finds_every_task_exactly_once(tmp_path):
         cmd = [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out), "--limit", str(n)]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         traj = out / "trajectories.jsonl"
-        deadline = time.time() + 60
-        while time.time() < deadline and (not traj.exists() or len(traj.read_text().splitlines()) < 3):
-            time.sleep(0.05)
+        _wait_lines(traj, 3, timeout=60)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         partial = lines(traj)
@@ -298,12 +302,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def _wait_lines(traj: Path, k: int, timeout: float = 90.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and (not traj.exists() or len(traj.read_text().splitlines()) < k):
-        time.sleep(0.05)
 
 
 def test_sigkill_of_one_worker_loses_only_its_unfinished_tasks_and_a_rerun_finishes_them_once(tmp_path):
