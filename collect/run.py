@@ -241,7 +241,7 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
         raise ValueError(f"no tasks selected (source={cfg.tasks.kind}, split={cfg.split}, limit={cfg.limit})")
     tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
     judges.resolve_mode(cfg.judge.get("scoring"))  # an unknown judge.scoring fails here, before OUT is touched
-    load_task_corpus(cfg)  # a malformed corpus file fails here (each process loads it again to run)
+    corpus = load_task_corpus(cfg)  # a malformed corpus file fails here; worker processes load their own
     missing = missing_media(all_tasks, tools_cfg)
     if missing and not cfg.allow_missing_media:
         shown = ", ".join(list(missing)[:MISSING_MEDIA_SHOWN]) + (" ..." if len(missing) > MISSING_MEDIA_SHOWN else "")
@@ -257,20 +257,24 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer per OUT; the kernel also drops the lock if this process dies
     try:
-        return await _run_locked(cfg, out, all_tasks, allow_mixed_config, overwrite)
+        return await _run_locked(cfg, out, all_tasks, allow_mixed_config, overwrite, corpus, missing)
     finally:
         unlock_out(lock)
 
 
-async def _run_tasks(cfg: CollectConfig, tasks: list, concurrency: int, emit) -> None:
+async def _run_tasks(
+    cfg: CollectConfig, tasks: list, concurrency: int, emit, corpus: list | None = None, missing: dict | None = None
+) -> None:
     """Run `tasks` in this process's event loop, at most `concurrency` at a time. For each finished task
     `emit(task_id, line, None)` with its encoded trajectory line; for each task that did not finish
-    `emit(task_id, None, error)` (nothing is written for it, so a rerun with the same OUT retries it)."""
-
+    `emit(task_id, None, error)` (nothing is written for it, so a rerun with the same OUT retries it).
+    `corpus` / `missing` come from the pre-flight in the parent; a worker process (None) loads its own."""
     tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
     pool = ClientPool(cfg.endpoints, concurrency=concurrency)
-    corpus = load_task_corpus(cfg)
-    missing = missing_media(tasks, tools_cfg) if cfg.allow_missing_media else {}  # marked in each task's meta
+    if corpus is None:
+        corpus = load_task_corpus(cfg)
+    if missing is None:  # marked in each task's meta; without allow_missing_media the pre-flight refused them
+        missing = missing_media(tasks, tools_cfg) if cfg.allow_missing_media else {}
     sem = asyncio.Semaphore(max(1, concurrency))
     config_hash = cfg.hash()
 
@@ -311,8 +315,9 @@ async def _run_tasks(cfg: CollectConfig, tasks: list, concurrency: int, emit) ->
         await pool.close()
 
 
-async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, allow_mixed_config, overwrite) -> dict:
-
+async def _run_locked(
+    cfg: CollectConfig, out: Path, all_tasks, allow_mixed_config, overwrite, corpus: list, missing: dict
+) -> dict:
     done = prepare_out(out, cfg, allow_mixed_config, overwrite)
     todo = [t for t in all_tasks if t.id not in done]
     writer = TrajectoryWriter(out / "trajectories.jsonl")  # repairs a torn tail before anything is appended
@@ -330,7 +335,7 @@ async def _run_locked(cfg: CollectConfig, out: Path, all_tasks, allow_mixed_conf
     t0 = time.perf_counter()
     try:
         if n_workers == 1:
-            await _run_tasks(cfg, todo, cfg.runtime.concurrency, emit)
+            await _run_tasks(cfg, todo, cfg.runtime.concurrency, emit, corpus, missing)
         else:
             _run_workers(cfg, todo, n_workers, emit)
     finally:
