@@ -123,6 +123,36 @@ def test_the_qwen3_5_fixture_is_the_template_that_rejects_string_arguments(env):
     tok.apply_chat_template(row["prompt"] + row["completion"], tools=json.loads(row["tools"]), tokenize=False)
 
 
+def test_the_qwen3_omni_fixture_is_the_omni_template(env):
+    """What tells the Omni template from Qwen3's: list content items render as the Omni media placeholders, and a
+    user turn with list content is not a "query", so the next assistant turn gets no <think> block (the quirk
+    reported for the Qwen3-Omni template in sujitnoronha/audio_reasoning_interspeech, docs/THINKING_TAGS_BUG.md)."""
+    from transformers import AutoTokenizer
+
+    _, base, _, _ = env
+    tok = AutoTokenizer.from_pretrained(base)
+    omni = (TEMPLATES / "qwen3_omni.jinja").read_text()
+    media = [
+        {"type": "audio", "audio": "a.wav"},
+        {"type": "image", "image": "i.png"},
+        {"type": "video", "video": "v.mp4"},
+    ]
+    call = {"type": "function", "function": {"name": "web_search", "arguments": {"query": "ferry"}}}
+    messages = [
+        {"role": "user", "content": [*media, {"type": "text", "text": "which company?"}]},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+    ]
+    assert tok.apply_chat_template(messages, tokenize=False, chat_template=omni) == (
+        "<|im_start|>user\n<|audio_start|><|audio_pad|><|audio_end|><|vision_start|><|image_pad|><|vision_end|>"
+        "<|vision_start|><|video_pad|><|vision_end|>which company?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "web_search", "arguments": {"query": "ferry"}}\n</tool_call>'
+        "<|im_end|>\n"
+    )
+    messages[0]["content"] = "which company?"  # a string query: the last assistant turn gets its (empty) think block
+    rendered = tok.apply_chat_template(messages, tokenize=False, chat_template=omni)
+    assert "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n" in rendered
+
+
 def _hermes(name: str, args: dict) -> str:  # Qwen2.5 / Qwen3: the JSON object form (= collect.actions.Action.to_text)
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
 
@@ -135,23 +165,38 @@ def _xml(name: str, args: dict) -> str:  # Qwen3.5: one <parameter=...> block pe
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
-# template fixture -> (recipe it is trained with, rendering of a call, end of the assistant turn)
+# case -> (template fixture, recipe it is trained with, rendering of a call, end of the assistant turn, extra args)
+NO_THINK = ("--chat_template_kwargs", '{"enable_thinking": false}')
+OMNI = ("--model_class", "causal_lm")  # the tiny base is a plain causal LM; the tokenization does not depend on it
 CASES = {
-    "qwen2_5.jinja": ("configs/sft/qwen3_5_27b.yaml", _hermes, "<|im_end|>\n"),
-    "qwen3.jinja": ("configs/sft/qwen3_5_27b.yaml", _hermes, "<|im_end|>\n"),
-    "qwen3_5_think.jinja": ("configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n"),
-    "qwen3_5_nothink.jinja": ("configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n"),
-    "tiny": ("configs/sft/tiny.yaml", _hermes, "<|im_end|>"),  # {% generation %} ends before the newline
+    "qwen2_5": ("qwen2_5.jinja", "configs/sft/qwen3_5_27b.yaml", _hermes, "<|im_end|>\n", ()),
+    "qwen3": ("qwen3.jinja", "configs/sft/qwen3_5_27b.yaml", _hermes, "<|im_end|>\n", ()),
+    "qwen3_5_think": ("qwen3_5_think.jinja", "configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n", ()),
+    "qwen3_5_nothink": ("qwen3_5_nothink.jinja", "configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n", ()),
+    # Qwen3-Omni renders the last assistant turn after the last user query with a <think> block, empty when the row
+    # has no reasoning: without enable_thinking=false the generation prompt lacks it and the labels start with it
+    "qwen3_omni": ("qwen3_omni.jinja", "configs/sft/qwen3_omni_30b.yaml", _hermes, "<|im_end|>\n", OMNI + NO_THINK),
+    "qwen3_omni_recipe_as_is": ("qwen3_omni.jinja", "configs/sft/qwen3_omni_30b.yaml", _hermes, "<|im_end|>\n", OMNI),
+    "tiny": (None, "configs/sft/tiny.yaml", _hermes, "<|im_end|>", ()),  # {% generation %} ends before the newline
 }
+RECIPE_WITHOUT_NO_THINK = pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="configs/sft/qwen3_omni_30b.yaml sets no chat_template_kwargs: the empty <think> block is trained as "
+    "part of every completion (drop this mark once the recipe passes enable_thinking=false)",
+)
 
 
-@pytest.mark.parametrize("template", sorted(CASES))
-def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, template, tmp_path):
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=RECIPE_WITHOUT_NO_THINK) if c == "qwen3_omni_recipe_as_is" else c for c in sorted(CASES)],
+)
+def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case, tmp_path):
     d, base, ds, picked = env
-    recipe, render_call, end = CASES[template]
+    template, recipe, render_call, end, extra = CASES[case]
     model_dir = tmp_path / "model"
     shutil.copytree(base, model_dir)
-    if template != "tiny":
+    if template is not None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_dir)
@@ -177,6 +222,7 @@ def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, temp
             "no",
             "--kinds",
             "decision,need_parse",
+            *extra,
         ]
     )
     trainer, dataset = build_trainer(*args)
