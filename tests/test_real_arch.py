@@ -114,8 +114,7 @@ def _tiny_omni_thinker(out: Path, tok) -> Path:
     cfg.vision_start_token_id = 151652  # in the real thinker_config (read by the rope index), not an __init__ argument
     model = Qwen3OmniMoeThinkerForConditionalGeneration(cfg)
     model.save_pretrained(out)
-    # no traceable Qwen3-Omni template in the fixtures (see their README): Qwen3's stands in (same hermes tool calls)
-    _with_template(tok, "qwen3.jinja").save_pretrained(out)
+    _with_template(tok, "qwen3_omni.jinja").save_pretrained(out)  # the Qwen3-Omni checkpoints' own template
     return out
 
 
