@@ -16,6 +16,7 @@ under the training class's names, which vLLM would not match (it skips unmatched
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
@@ -49,6 +50,14 @@ class VLLMServeConfig:
     gpu_memory_utilization: float | None = field(default=None, metadata={"help": "vLLM default when unset"})
     dtype: str = field(default="bfloat16", metadata={"help": "weights/activations dtype"})
     tool_call_parser: str | None = field(default=None, metadata={"help": "override the family's parser"})
+    default_chat_template_kwargs: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "--default-chat-template-kwargs: what the chat template is rendered with when a request sends "
+            "none. Set it to the SFT recipe's chat_template_kwargs (e.g. {enable_thinking: false}) so the served "
+            "prompt ends exactly as the training prompts did"
+        },
+    )
     extra_args: list[str] = field(default_factory=list, metadata={"help": "appended verbatim"})
     startup_timeout_s: float = field(default=900.0, metadata={"help": "wait this long for /v1/models"})
     executable: str = field(default="vllm", metadata={"help": "the vllm CLI"})
@@ -99,6 +108,8 @@ def build_vllm_command(cfg: VLLMServeConfig) -> list[str]:
     if cfg.gpu_memory_utilization is not None:
         cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     cmd += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.tool_call_parser or TOOL_CALL_PARSERS[cfg.family]]
+    if cfg.default_chat_template_kwargs:
+        cmd += ["--default-chat-template-kwargs", json.dumps(cfg.default_chat_template_kwargs, sort_keys=True)]
     return cmd + list(cfg.extra_args)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from collect.actions import Action
 from collect.ledger import TaskContext
@@ -149,6 +150,22 @@ def test_vllm_serve_recipes_build(name):
     cmd = build_vllm_command(cfg)
     assert ("--enable-lora" in cmd) == name.endswith("_lora")
     assert _opt(cmd, "--tool-call-parser") == ("qwen3_xml" if "qwen3_5" in name else "hermes")
+
+
+@pytest.mark.parametrize(
+    "serve,sft",
+    [
+        ("qwen3_5_27b_lora", "qwen3_5_27b"),
+        ("qwen3_5_27b_merged", "qwen3_5_27b"),
+        ("qwen3_omni_30b_merged", "qwen3_omni_30b"),
+    ],
+)
+def test_vllm_serves_with_the_chat_template_kwargs_the_planner_was_trained_with(serve, sft):
+    """A prompt rendered with enable_thinking=false at training but the template default at serving differs in its
+    last tokens (Qwen3.5 / Qwen3-Omni add an empty think block): the serve recipe must pass the SFT recipe's kwargs."""
+    trained = json.loads(yaml.safe_load((ROOT / f"configs/sft/{sft}.yaml").read_text())["chat_template_kwargs"])
+    cmd = build_vllm_command(VLLMServeConfig.from_yaml(ROOT / f"configs/serve/{serve}.yaml"))
+    assert trained and json.loads(_opt(cmd, "--default-chat-template-kwargs")) == trained
 
 
 def test_vllm_dry_run_prints_command_without_importing_vllm(capsys):

@@ -166,7 +166,6 @@ def _xml(name: str, args: dict) -> str:  # Qwen3.5: one <parameter=...> block pe
 
 
 # case -> (template fixture, recipe it is trained with, rendering of a call, end of the assistant turn, extra args)
-NO_THINK = ("--chat_template_kwargs", '{"enable_thinking": false}')
 OMNI = ("--model_class", "causal_lm")  # the tiny base is a plain causal LM; the tokenization does not depend on it
 CASES = {
     "qwen2_5": ("qwen2_5.jinja", "configs/sft/qwen3_5_27b.yaml", _hermes, "<|im_end|>\n", ()),
@@ -174,23 +173,13 @@ CASES = {
     "qwen3_5_think": ("qwen3_5_think.jinja", "configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n", ()),
     "qwen3_5_nothink": ("qwen3_5_nothink.jinja", "configs/sft/qwen3_5_27b.yaml", _xml, "<|im_end|>\n", ()),
     # Qwen3-Omni renders the last assistant turn after the last user query with a <think> block, empty when the row
-    # has no reasoning: without enable_thinking=false the generation prompt lacks it and the labels start with it
-    "qwen3_omni": ("qwen3_omni.jinja", "configs/sft/qwen3_omni_30b.yaml", _hermes, "<|im_end|>\n", OMNI + NO_THINK),
-    "qwen3_omni_recipe_as_is": ("qwen3_omni.jinja", "configs/sft/qwen3_omni_30b.yaml", _hermes, "<|im_end|>\n", OMNI),
+    # has no reasoning: the recipe as written (enable_thinking=false) must keep that block in the prompt, not labels
+    "qwen3_omni": ("qwen3_omni.jinja", "configs/sft/qwen3_omni_30b.yaml", _hermes, "<|im_end|>\n", OMNI),
     "tiny": (None, "configs/sft/tiny.yaml", _hermes, "<|im_end|>", ()),  # {% generation %} ends before the newline
 }
-RECIPE_WITHOUT_NO_THINK = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="configs/sft/qwen3_omni_30b.yaml sets no chat_template_kwargs: the empty <think> block is trained as "
-    "part of every completion (drop this mark once the recipe passes enable_thinking=false)",
-)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [pytest.param(c, marks=RECIPE_WITHOUT_NO_THINK) if c == "qwen3_omni_recipe_as_is" else c for c in sorted(CASES)],
-)
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case, tmp_path):
     d, base, ds, picked = env
     template, recipe, render_call, end, extra = CASES[case]
