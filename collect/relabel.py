@@ -198,7 +198,7 @@ def run_relabel(
         raise ValueError(f"{config}: runtime.arm is {base.runtime.arm!r}; relabelling needs the ledger arm")
     forbidden: set[str] = set()
     if base.tasks.kind == "embedded":  # belt and braces: no trajectory of a test task is ever turned into rows
-        forbidden = {t.id for t in embedded_world(base.tasks.seed).tasks if t.split == "test"}
+        forbidden = {t.id for t in embedded_world(base.tasks.seed, base.tasks.n_tasks).tasks if t.split == "test"}
     out = Path(out)
     defaults = planner_defaults or {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2}
     with planner_endpoint(planner, defaults) as endpoint:

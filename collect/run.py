@@ -37,9 +37,9 @@ log = logging.getLogger("collect")
 
 
 @functools.lru_cache(maxsize=4)
-def embedded_world(seed: int):
-    """The generated world, built once per process and seed (tasks and corpus; eval cells reuse it)."""
-    return load_world(seed=seed)
+def embedded_world(seed: int, n_tasks: int = 360):
+    """The generated world, built once per process, seed and size (tasks and corpus; eval cells reuse it)."""
+    return load_world(seed=seed, n_tasks=n_tasks)
 
 
 def setup_logging() -> None:
@@ -53,7 +53,8 @@ def load_task_list(cfg: CollectConfig) -> list:
 
     src = cfg.tasks
     if src.kind == "embedded":
-        items, name = embedded_world(src.seed).tasks, f"the embedded world (seed {src.seed})"
+        items = embedded_world(src.seed, src.n_tasks).tasks
+        name = f"the embedded world (seed {src.seed}, {src.n_tasks} tasks)"
     elif src.kind == "file":
         items, name = tasks.load_tasks(src.path), str(src.path)
     elif src.kind == "omnigaia":
@@ -75,7 +76,7 @@ def load_task_corpus(cfg: CollectConfig) -> list[dict]:
 
     src = cfg.tasks
     if src.kind == "embedded":
-        return embedded_world(src.seed).corpus
+        return embedded_world(src.seed, src.n_tasks).corpus
     if src.corpus:
         return load_corpus(src.corpus)
     if src.kind == "file" and sidecar_corpus(src.path).is_file():

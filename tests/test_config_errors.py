@@ -18,6 +18,11 @@ CASES = {
     "runtime_not_mapping": ("runtime: [1, 2]\n", "runtime: expected a mapping of RuntimeConfig fields"),
     "runtime_unknown_key": ("runtime: {max_stepz: 3}\n", "runtime: unknown key(s) ['max_stepz']"),
     "limits_zero": ("runtime: {limits: {max_reply_chars: 0}}\n", "max_reply_chars must be a positive integer"),
+    "n_tasks_zero": ("tasks: {kind: embedded, seed: 0, n_tasks: 0}\n", "tasks.n_tasks must be a positive integer"),
+    "n_tasks_for_a_file": (
+        "tasks: {kind: file, path: t.jsonl, n_tasks: 900}\n",
+        "tasks.n_tasks sizes the embedded world; it has no meaning for tasks.kind='file'",
+    ),
     "seed_as_string": ("tasks: {kind: embedded, seed: '0'}\n", "tasks.seed: expected an integer, got '0'"),
     "negative_code_limits": ("tools: {code_timeout_s: -1}\n", "code_timeout_s and media_timeout_s must be > 0"),
     "tools_wrong_type": ("tools: {top_k: many}\n", "tools.top_k: expected an integer"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import difflib
 import hashlib
+import json
 import time
 
 import pytest
@@ -31,6 +32,25 @@ SEED0_SHA256 = "8be8ae5fb206bf562ddbf19ed6736a68ae20b6b38848e765b3b8d3453cf3e7ec
 
 def test_seed0_bytes_are_pinned(world):
     assert hashlib.sha256(world.to_json().encode("utf-8")).hexdigest() == SEED0_SHA256
+
+
+def test_a_larger_world_only_adds_tasks_and_keeps_the_default_hash():
+    """`tasks.n_tasks` (more training tasks): the first 360 tasks, so the 72-task test split, stay the same; new train
+    tasks bring new entities (none of a test task's); the default size leaves config_hash as before the key."""
+    from collect.config import CollectConfig, TaskSource
+
+    small, big = build_world(0), build_world(0, n_tasks=720)
+    assert [t.model_dump() for t in big.tasks[:360]] == [t.model_dump() for t in small.tasks]
+    assert collections.Counter(t.split for t in big.tasks[360:]) == {"train": 216, "dev": 72, "test": 72}
+    test_entities = {t.meta["entity"] for t in small.tasks if t.split == "test"}
+    assert not test_entities & {t.meta["entity"] for t in big.tasks[360:] if t.split == "train"}
+    default = CollectConfig(tasks=TaskSource(kind="embedded", seed=0))
+    d = default.to_dict()
+    for k in ("limit", "progress", "harvest", "name", "workers", "shard"):
+        d.pop(k)
+    assert d["tasks"].pop("n_tasks") == 360  # the hash of a default-size recipe is the hash without the key
+    assert default.hash() == hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    assert CollectConfig(tasks=TaskSource(n_tasks=720)).hash() != default.hash()
 
 
 def test_sizes_splits_families_categories_difficulties(world):
