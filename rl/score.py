@@ -24,6 +24,30 @@ def _mean(xs: list) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+def reference_matches(completions: list[str], reference_actions: list[str]) -> dict:
+    """How close the decisions are to the recorded (teacher) actions: the same tool; the same call, arguments
+    included (canonical JSON); and, on states whose teacher call has a `query` (built from the need's query_focus),
+    the same query string. An unparseable decision matches nothing."""
+    from collect.ledger import call_signature, canonical_args
+    from rewards.rules import parse_candidate
+
+    def sig(name: str, args: dict | None) -> str:
+        return call_signature(name, canonical_args(args or {}))
+
+    pairs = [(parse_candidate(c), json.loads(r)) for c, r in zip(completions, reference_actions, strict=True)]
+    with_query = [(a, r) for a, r in pairs if isinstance((r.get("arguments") or {}).get("query"), str)]
+    return {
+        "reference_tool_match": _mean([float(a is not None and a.name == r["name"]) for a, r in pairs]),
+        "reference_action_match": _mean(
+            [float(a is not None and sig(a.name, a.arguments) == sig(r["name"], r.get("arguments"))) for a, r in pairs]
+        ),
+        "reference_query_match": _mean(
+            [float(a is not None and a.arguments.get("query") == r["arguments"]["query"]) for a, r in with_query]
+        ),
+        "n_with_query": len(with_query),
+    }
+
+
 def score(
     dataset_dir: str,
     model: str,
@@ -63,10 +87,7 @@ def score(
     columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
     comps = asyncio.run(score_components(completions, columns))
     totals = total(comps, named_weights(training.reward_weights))
-    from rewards.rules import parse_candidate
-
-    ref_tools = [json.loads(r)["name"] for r in ds["reference_action"]]
-    picked = [getattr(parse_candidate(c), "name", None) for c in completions]
+    matches = reference_matches(completions, ds["reference_action"])
     result = {
         "model": model,
         "split": split,
@@ -74,8 +95,7 @@ def score(
         "total": _mean(totals),
         **{k: _mean(v) for k, v in comps.items()},
         "judge_skipped": sum(v is None for v in comps["target"]),
-        # share of states where the greedy decision calls the same tool as the recorded (teacher) action
-        "reference_tool_match": _mean([float(p == r) for p, r in zip(picked, ref_tools, strict=True)]),
+        **matches,  # same tool / same call / same query as the recorded (teacher) action
     }
     return result
 

@@ -155,7 +155,7 @@ def pool_planners(cells: dict[str, dict], records: dict[str, list[dict]]) -> dic
             **task_type_stats(recs),
             "heldout": {
                 k: sum(h[k] for h in heldout) / len(heldout)
-                for k in ("valid", "reference_tool_match", "total")
+                for k in ("valid", "reference_tool_match", "reference_action_match", "reference_query_match", "total")
                 if heldout and all(h.get(k) is not None for h in heldout)
             }
             or None,
@@ -176,7 +176,8 @@ def score_heldout(spec, heldout: dict) -> dict | None:
         n=int(heldout.get("n", 100000)),
         config=heldout.get("config"),
     )
-    return {k: res.get(k) for k in ("n", "valid", "gate", "target", "align", "total", "reference_tool_match")}
+    keys = ("n", "valid", "gate", "target", "align", "total", "reference_tool_match", "reference_action_match")
+    return {k: res.get(k) for k in (*keys, "reference_query_match", "n_with_query")}
 
 
 def load_eval_config(path: str, planner: str | None = None) -> EvalConfig:
@@ -268,11 +269,14 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     return summary
 
 
+HELDOUT_SHOWN = ("valid", "reference_tool_match", "reference_query_match")
+
+
 def format_planners(summary: dict) -> str:
     head = (
         f"{'planner (seeds pooled)':36s} {'seeds':>5s} {'runs':>5s} {'acc':>7s} {'95% CI':>15s} {'answerable':>10s} "
     )
-    head += f"{'unans->ins':>10s} {'valid':>7s} {'heldout valid/tool':>18s}"
+    head += f"{'unans->ins':>10s} {'valid':>7s} {'heldout valid/tool/query':>25s}"
     lines = [head, "-" * len(head)]
     pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     for key, p in summary.get("planners", {}).items():
@@ -281,7 +285,7 @@ def format_planners(summary: dict) -> str:
             f"{key:36s} {p['n_seeds']:5d} {p['n_task_runs']:5d} {pct(p['accuracy']):>7s} "
             f"{ci[0] * 100:6.1f}-{ci[1] * 100:5.1f}% {pct(p['answerable']['accuracy']):>10s} "
             f"{pct(p['unanswerable']['rate']):>10s} {pct(p['valid_action_rate']):>7s} "
-            f"{pct(h.get('valid')) + '/' + pct(h.get('reference_tool_match')) if h else '-':>18s}"
+            f"{'/'.join(pct(h.get(k)) for k in HELDOUT_SHOWN) if h else '-':>25s}"
         )
     return "\n".join(lines)
 

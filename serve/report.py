@@ -176,17 +176,20 @@ def planners_table(planners: dict[str, dict]) -> str:
             f"{una.get('declared_insufficient', 0)} declared)</td>"
             f"<td>{_pct(p.get('valid_action_rate'))}</td>"
             + "".join(f"<td>{p.get('outcomes', {}).get(o, 0)}</td>" for o in OUTCOMES)
-            + f"<td>{_pct(h.get('valid'))}</td><td>{_pct(h.get('reference_tool_match'))}</td></tr>"
+            + f"<td>{_pct(h.get('valid'))}</td><td>{_pct(h.get('reference_tool_match'))}</td>"
+            f"<td>{_pct(h.get('reference_query_match'))}</td></tr>"
         )
     return (
         "<h2>Planners (seeds pooled)</h2><table><tr><th>planner</th><th>seeds</th><th>task runs</th><th>accuracy</th>"
         "<th>95% CI</th><th>per seed</th><th>answerable acc.</th><th>unanswerable → insufficient</th>"
         "<th>valid own steps</th>"
         + "".join(f"<th>{o}</th>" for o in OUTCOMES)
-        + "<th>held-out valid</th><th>held-out same tool</th></tr>"
+        + "<th>held-out valid</th><th>held-out same tool</th><th>held-out same query</th></tr>"
         + "".join(rows)
         + "</table><p class='muted'>held-out: greedy decisions on teacher-visited states of unseen tasks "
-        "(rl.score), mean over seeds; '-' = not scored (teacher, or no heldout in the eval config). "
+        "(rl.score), mean over seeds; same query: the teacher's query string exactly, on states whose teacher "
+        "call has one (it is built from the need's query_focus); '-' = not scored (teacher, or no heldout in the "
+        "eval config). "
         "Unanswerable tasks end 'insufficient' when the budget runs out too; 'declared' counts the runs that stopped "
         "with outcome insufficient.</p>"
     )

@@ -345,3 +345,26 @@ def test_lora_sft_adapter_is_copied_to_a_frozen_ref_adapter_and_only_the_policy_
     assert any(not torch.equal(pol[k], sft_lora[k]) for k in pol)  # the policy adapter moved
     saved = json.loads((d / "out_lora" / "adapter_config.json").read_text())
     assert saved["r"] == 4 and not (d / "out_lora" / "ref").exists()
+
+
+def test_reference_matches_tells_a_copied_query_from_a_right_tool_with_a_made_up_query():
+    """The held-out figure that showed the tiny planner's failure: the right tool, but not the teacher's query."""
+    from rl.score import reference_matches
+
+    args = {"asset_id": "video_1", "query": "name of the band", "need_index": 0}
+    ref = {"name": "subtitle_grounding", "arguments": args}
+
+    def call(args: dict, name: str = "subtitle_grounding") -> str:
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+    exact = call({"need_index": 0, "query": "name of the band", "asset_id": "video_1"})  # key order does not matter
+    other_query = call({"asset_id": "video_1", "query": "name of the museum", "need_index": 0})
+    same_query_other_need = call({"asset_id": "video_1", "query": "name of the band", "need_index": 1})
+    finish_ref = {"name": "finish", "arguments": {"answer": "Elm"}}
+    refs = [json.dumps(r) for r in (ref, ref, ref, ref, finish_ref)]
+    finish = call({"answer": "Elm"}, "finish")
+    got = reference_matches([exact, other_query, same_query_other_need, "not a call", finish], refs)
+    assert got["reference_tool_match"] == pytest.approx(4 / 5)
+    assert got["reference_action_match"] == pytest.approx(2 / 5)  # exact, and the finish
+    assert got["n_with_query"] == 4  # the finish reference has no query
+    assert got["reference_query_match"] == pytest.approx(2 / 4)
