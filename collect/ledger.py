@@ -311,9 +311,16 @@ class Ledger:
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
+def plain(record) -> Any:
+    """A frozen ledger record (event, observation, verdict, need spec) as plain JSON-able dicts and lists: the JSON of
+    dataclasses.asdict, without its deep copies (the records are immutable)."""
+    return _plain(record)
+
+
 def _plain(x):
     """Fast equivalent of dataclasses.asdict for the ledger's frozen records (tuples become lists; the JSON is the
     same). asdict deep-copies through a generic path and dominated the per-step bookkeeping cost."""
+    # Also used for events, observations and verdicts (event_to_dict, `plain`): frozen records of scalars and tuples.
     t = type(x)
     names = _FIELD_NAMES.get(t)
     if names is None and hasattr(t, "__dataclass_fields__"):
@@ -854,7 +861,7 @@ def digest(r0: TaskContext, s: Ledger) -> dict:
         "actionable_need_indices": s.actionable_indices(),
         "blocked_need_indices": s.blocked_indices(),
         "tool_call_counts": s.counts(),
-        "gap_diagnosis": asdict(s.gap_diagnosis) if s.gap_diagnosis else None,
+        "gap_diagnosis": _plain(s.gap_diagnosis) if s.gap_diagnosis else None,
         "unresolved_conflicts": [
             {"need_index": c.need_index, "type": c.type, "severity": c.severity, "description": c.description}
             for c in s.unresolved_conflicts()
@@ -881,7 +888,7 @@ def render_digest(r0: TaskContext, s: Ledger) -> str:
 
 
 def event_to_dict(e: Event) -> dict:
-    return asdict(e)
+    return _plain(e)
 
 
 def _build(cls, d: dict):

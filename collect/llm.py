@@ -39,7 +39,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import openai
@@ -102,8 +102,13 @@ class Usage:
         return not (self.calls or self.retries or self.faults or self.prompt_tokens or self.completion_tokens)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """dataclasses.asdict's dict, without its generic deep copy (faults: a dict of ints)."""
+        d = {name: getattr(self, name) for name in _USAGE_FIELDS}
+        d["faults"] = dict(self.faults)
+        return d
 
+
+_USAGE_FIELDS = tuple(f.name for f in fields(Usage))
 
 _SCOPES: ContextVar[tuple[Usage, ...]] = ContextVar("chat_usage_scopes", default=())
 
