@@ -17,11 +17,11 @@ key-shaped) from every error text this module produces.
 
 Transport: a plain `http://` endpoint (no proxy configured for it, no credentials or query in its URL) is called over
 this module's own keep-alive HTTP/1.1 connections (`_Http1`): one request = one write of a prebuilt head and the JSON
-body, the reply parsed from the socket's bytes (Content-Length, chunked, or up to EOF; gzip), and no SDK request or
-response objects, which cost more CPU per call than the rest of a runtime step. Every other endpoint (https, proxies)
-goes through the `openai.AsyncOpenAI` client built here, which is also the fallback when an `http://` endpoint
-redirects. Either way the reply is parsed once into plain dicts, and faults are classified the same: status codes,
-Retry-After headers and error texts ("Error code: 429 - message") read as the SDK reports them.
+body, the reply parsed from the socket's bytes (Content-Length, chunked, or up to EOF; gzip, deflate), and no SDK
+request or response objects, which cost more CPU per call than the rest of a runtime step. Every other endpoint
+(https, proxies) goes through the `openai.AsyncOpenAI` client built here, which is also the fallback when an
+`http://` endpoint redirects. Either way the reply is parsed once into plain dicts, and faults are classified the
+same: status codes, Retry-After headers and error texts ("Error code: 429 - message") read as the SDK reports them.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 import time
+import zlib
 from collections import deque
 
 import pytest
@@ -298,6 +299,15 @@ def test_gzip_reply(raw):
     raw.default = {"send": reply(body, headers=("Content-Encoding: gzip",))}
     (r,), _ = calls(ep(raw.base_url))
     assert r.text == "squeezed"
+
+
+def test_deflate_reply_and_an_unknown_encoding(raw):
+    raw.script({"send": reply(zlib.compress(completion("deflated")), headers=("Content-Encoding: deflate",))})
+    raw.script({"send": reply(completion("x"), headers=("Content-Encoding: br",))})
+    raw.default = {"send": reply(completion("plain"))}
+    rs, _ = calls(ep(raw.base_url), n=2)
+    assert rs[0].text == "deflated" and rs[0].usage.faults == {}
+    assert rs[1].text == "plain" and rs[1].usage.faults == {"connection": 1}  # br is not decoded: a fault, retried
 
 
 def test_reply_without_length_ends_at_close(raw):
