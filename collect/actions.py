@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from dataclasses import dataclass
 
@@ -121,11 +122,74 @@ def _validator(schema_json: str):
     return cls(schema)
 
 
+# The keywords `_surely_valid` checks itself; a schema using any other goes to jsonschema.
+_FAST_KEYWORDS = frozenset(
+    ("type", "properties", "required", "additionalProperties", "enum", "minimum", "minItems", "maxItems", "items")
+    + ("description",)
+)
+
+
+def _num(v) -> bool:
+    return type(v) is int or (type(v) is float and math.isfinite(v))
+
+
+def _surely_valid(schema, x) -> bool:
+    """True only when `x` certainly satisfies `schema` (the plain subset the tool schemas use, checked at least as
+    strictly as jsonschema does: exact JSON types, no bools as numbers, finite numbers only, string-only enums).
+    False means "not sure": validate_action then asks jsonschema, whose verdict and message stand. Most actions are
+    valid, and jsonschema's generic walk cost more than the rest of parsing an action."""
+    if type(schema) is not dict or not schema.keys() <= _FAST_KEYWORDS:
+        return False
+    t = schema.get("type")
+    if t == "object":
+        if type(x) is not dict:
+            return False
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        extra = schema.get("additionalProperties", True)
+        if type(props) is not dict or type(required) is not list or extra not in (True, False):
+            return False
+        if any(k not in x for k in required):
+            return False
+        for k, v in x.items():
+            sub = props.get(k)
+            if sub is None:
+                if extra is not True:
+                    return False
+            elif not _surely_valid(sub, v):
+                return False
+    elif t == "string":
+        if type(x) is not str:
+            return False
+    elif t == "integer" or t == "number":
+        if not (type(x) is int if t == "integer" else _num(x)):
+            return False
+        if "minimum" in schema and not (_num(schema["minimum"]) and x >= schema["minimum"]):
+            return False
+    elif t == "array":
+        if type(x) is not list:
+            return False
+        lo, hi = schema.get("minItems", 0), schema.get("maxItems", len(x))
+        if type(lo) is not int or type(hi) is not int or not lo <= len(x) <= hi:
+            return False
+        if "items" in schema and not all(_surely_valid(schema["items"], v) for v in x):
+            return False
+    else:
+        return False
+    if "enum" in schema:
+        enum = schema["enum"]
+        if type(x) is not str or type(enum) is not list or not all(type(e) is str for e in enum) or x not in enum:
+            return False
+    return True
+
+
 def validate_action(action: Action, tools: list[dict]) -> None:
     """Raise ActionError unless the tool exists in this state's tool set and the arguments satisfy its schema."""
     schemas = schema_index(tools)
     if action.name not in schemas:
         raise ActionError("unknown_tool", f"{action.name!r} is not one of {sorted(schemas)}")
+    if _surely_valid(schemas[action.name], action.arguments):
+        return
     try:
         validator = _validator(json.dumps(schemas[action.name], sort_keys=True))
         error = jsonschema.exceptions.best_match(validator.iter_errors(action.arguments))

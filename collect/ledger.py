@@ -309,17 +309,35 @@ class Ledger:
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+_FROZEN: dict[type, bool] = {}  # frozen dataclass with an instance __dict__: its dict is cached on the instance
+
+
+def plain(record) -> Any:
+    """A frozen ledger record (event, observation, verdict, need spec) as plain JSON-able dicts and lists: the JSON of
+    dataclasses.asdict, without its deep copies (the records are immutable)."""
+    return _plain(record)
 
 
 def _plain(x):
     """Fast equivalent of dataclasses.asdict for the ledger's frozen records (tuples become lists; the JSON is the
-    same). asdict deep-copies through a generic path and dominated the per-step bookkeeping cost."""
+    same). asdict deep-copies through a generic path and dominated the per-step bookkeeping cost. Also used for
+    events, observations and verdicts (event_to_dict, `plain`): frozen records of scalars and tuples.
+    A frozen record's dict is computed once and kept on the instance: a reduce step replaces only the records it
+    changes, so the snapshot of the next ledger re-uses the dicts of every need, atom, conflict... it kept (the
+    snapshots of one run share them; they are read-only, like the snapshot itself)."""
     t = type(x)
     names = _FIELD_NAMES.get(t)
     if names is None and hasattr(t, "__dataclass_fields__"):
         names = _FIELD_NAMES[t] = tuple(f.name for f in fields(t))
+        _FROZEN[t] = t.__dataclass_params__.frozen and hasattr(x, "__dict__")
     if names is not None:
-        return {n: _plain(getattr(x, n)) for n in names}
+        if not _FROZEN[t]:
+            return {n: _plain(getattr(x, n)) for n in names}
+        d = x.__dict__.get("_plain")
+        if d is None:
+            d = {n: _plain(getattr(x, n)) for n in names}
+            object.__setattr__(x, "_plain", d)
+        return d
     if t is tuple or t is list:
         return [_plain(v) for v in x]
     return x
@@ -854,7 +872,7 @@ def digest(r0: TaskContext, s: Ledger) -> dict:
         "actionable_need_indices": s.actionable_indices(),
         "blocked_need_indices": s.blocked_indices(),
         "tool_call_counts": s.counts(),
-        "gap_diagnosis": asdict(s.gap_diagnosis) if s.gap_diagnosis else None,
+        "gap_diagnosis": _plain(s.gap_diagnosis) if s.gap_diagnosis else None,
         "unresolved_conflicts": [
             {"need_index": c.need_index, "type": c.type, "severity": c.severity, "description": c.description}
             for c in s.unresolved_conflicts()
@@ -872,7 +890,14 @@ def digest(r0: TaskContext, s: Ledger) -> dict:
 
 def render_digest(r0: TaskContext, s: Ledger) -> str:
     # compact separators: the C encoder (indent= falls back to the pure-Python one) and fewer prompt tokens
-    return json.dumps(digest(r0, s), ensure_ascii=False, separators=(", ", ": "))
+    # Both frozen: the text is kept on the ledger instance for this R0 (the planner's and the critic's prompts of one
+    # step render the same ledger).
+    cached = s.__dict__.get("_digest")
+    if cached is not None and cached[0] is r0:
+        return cached[1]
+    text = json.dumps(digest(r0, s), ensure_ascii=False, separators=(", ", ": "))
+    object.__setattr__(s, "_digest", (r0, text))
+    return text
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -881,7 +906,7 @@ def render_digest(r0: TaskContext, s: Ledger) -> str:
 
 
 def event_to_dict(e: Event) -> dict:
-    return asdict(e)
+    return _plain(e)
 
 
 def _build(cls, d: dict):

@@ -14,6 +14,14 @@ ChatError("deadline"). Every fault is counted in Usage.faults. Token counts the 
 The API key is read from the environment variable named in the EndpointConfig at client creation; it is never stored
 in a config, logged, or put in a trajectory (repr of the client hides it), and `redact()` strips it (and anything
 key-shaped) from every error text this module produces.
+
+Transport: a plain `http://` endpoint (no proxy configured for it, no credentials or query in its URL) is called over
+this module's own keep-alive HTTP/1.1 connections (`_Http1`): one request = one write of a prebuilt head and the JSON
+body, the reply parsed from the socket's bytes (Content-Length, chunked, or up to EOF; gzip, deflate), and no SDK
+request or response objects, which cost more CPU per call than the rest of a runtime step. Every other endpoint
+(https, proxies) goes through the `openai.AsyncOpenAI` client built here, which is also the fallback when an
+`http://` endpoint redirects. Either way the reply is parsed once into plain dicts, and faults are classified the
+same: status codes, Retry-After headers and error texts ("Error code: 429 - message") read as the SDK reports them.
 """
 
 from __future__ import annotations
@@ -25,14 +33,16 @@ import os
 import random
 import re
 import time
+import urllib.parse
+import urllib.request
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import openai
-from openai.types.chat import ChatCompletion
 
 FAULT_KINDS = ("timeout", "rate_limit", "server_error", "connection", "malformed", "deadline", "bad_usage")
 MAX_TOKENS_PER_CALL = 10_000_000  # a token count above this in one response is not believed (bad_usage)
@@ -92,8 +102,13 @@ class Usage:
         return not (self.calls or self.retries or self.faults or self.prompt_tokens or self.completion_tokens)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """dataclasses.asdict's dict, without its generic deep copy (faults: a dict of ints)."""
+        d = {name: getattr(self, name) for name in _USAGE_FIELDS}
+        d["faults"] = dict(self.faults)
+        return d
 
+
+_USAGE_FIELDS = tuple(f.name for f in fields(Usage))
 
 _SCOPES: ContextVar[tuple[Usage, ...]] = ContextVar("chat_usage_scopes", default=())
 
@@ -219,8 +234,18 @@ def _seconds(v: str | None, scale: float = 1.0) -> float | None:
     return x if math.isfinite(x) and x >= 0 else None
 
 
-def _retry_after_s(exc: openai.APIStatusError) -> float | None:
-    headers = getattr(exc.response, "headers", None) or {}
+def _status_of(exc: BaseException) -> tuple[int, object] | None:
+    """(status code, response headers) of an HTTP status fault from either transport, else None."""
+    if isinstance(exc, _StatusFault):
+        return exc.status_code, exc.headers
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code, getattr(exc.response, "headers", None) or {}
+    return None
+
+
+def _retry_after_s(headers) -> float | None:
+    """Retry-After of a reply, in seconds: `retry-after-ms` first, then `retry-after` (headers: case-insensitive
+    httpx headers, or the lean transport's dict of lower-cased names)."""
     ms = _seconds(headers.get("retry-after-ms"), 1e-3)
     return ms if ms is not None else _seconds(headers.get("retry-after"))
 
@@ -229,19 +254,315 @@ def _classify(exc: BaseException) -> tuple[str | None, float | None]:
     """(fault kind or None when not retryable, Retry-After seconds)."""
     if isinstance(exc, asyncio.TimeoutError | openai.APITimeoutError):
         return "timeout", None
-    if isinstance(exc, openai.APIConnectionError):
+    if isinstance(exc, openai.APIConnectionError | _ConnectionFault):
         return "connection", None
-    if isinstance(exc, openai.RateLimitError):
-        return "rate_limit", _retry_after_s(exc)
-    if isinstance(exc, openai.APIStatusError):
-        return ("server_error", _retry_after_s(exc)) if exc.status_code >= 500 else (None, None)
-    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | _Malformed):
+    status = _status_of(exc)
+    if status is not None:
+        code, headers = status
+        if code == 429:
+            return "rate_limit", _retry_after_s(headers)
+        return ("server_error", _retry_after_s(headers)) if code >= 500 else (None, None)
+    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | UnicodeDecodeError | _Malformed):
         return "malformed", None
     return None, None
 
 
 class _Malformed(Exception):
     """A 200 response without the fields every chat completion has."""
+
+
+def _reply_fields(data) -> tuple[object, list[dict], object, dict]:
+    """(content, tool calls in OpenAI shape, finish_reason, usage dict) of a parsed chat completion. Read as the SDK's
+    unvalidated models read it (absent fields are None; tool calls without a `function`, e.g. custom tool calls, are
+    skipped; odd scalar types pass through), except that a structurally broken reply (choices, a choice, the message,
+    the tool-call list or a function that is not an object) is `_Malformed` (retried) rather than an AttributeError."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not choices:
+        raise _Malformed(f"response without choices: {str(data)[:200]}")
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise _Malformed(f"choices is not a list of objects: {str(choices)[:200]}")
+    choice = choices[0]
+    msg = choice.get("message")
+    if not isinstance(msg, dict):
+        raise _Malformed(f"choice without a message object: {str(choice)[:200]}")
+    raw_calls = msg.get("tool_calls") or []
+    if isinstance(raw_calls, str | dict):  # the SDK iterates these to nothing (items without a function)
+        raw_calls = []
+    if not isinstance(raw_calls, list):
+        raise _Malformed(f"tool_calls is not a list: {str(raw_calls)[:200]}")
+    calls = []
+    for c in raw_calls:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if fn is None:
+            continue
+        if not isinstance(fn, dict):
+            raise _Malformed(f"tool call function is not an object: {str(fn)[:200]}")
+        function = {"name": fn.get("name"), "arguments": fn.get("arguments")}
+        calls.append({"id": c.get("id"), "type": "function", "function": function})
+    usage = data.get("usage")
+    return msg.get("content") or "", calls, choice.get("finish_reason"), usage if isinstance(usage, dict) else {}
+
+
+def _dumps(body: dict) -> bytes:
+    """The request body as the SDK encodes it (httpx's JSON defaults)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Lean HTTP/1.1 transport (plain http:// endpoints)
+# --------------------------------------------------------------------------------------------------------------------
+
+_MAX_HEAD = 64 * 1024  # a response head (status line + headers) or chunk-size line longer than this is not HTTP
+_MAX_IDLE = 1000  # idle keep-alive connections kept per endpoint (in-flight ones are bounded by the semaphore)
+
+
+class _ConnectionFault(Exception):
+    """The connection failed, or the reply could not be read as HTTP/1.x (refused, reset, closed before the end of
+    the reply, bad framing): what httpx reports as a connect/protocol error (fault "connection")."""
+
+
+class _StatusFault(Exception):
+    """A non-2xx reply on the lean transport, worded as the SDK words it: "Error code: N" and " - message" when the
+    body is JSON with an error message (`{"error": {"message": ...}}` or `{"message": ...}`)."""
+
+    def __init__(self, status_code: int, headers: dict, body: bytes):
+        self.status_code = status_code
+        self.headers = headers
+        msg = f"Error code: {status_code}"
+        try:
+            parsed = json.loads(body.decode("utf-8", "replace").strip())
+        except ValueError:
+            parsed = None
+        error = parsed.get("error", parsed) if isinstance(parsed, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str) and message:
+            msg += f" - {message}"
+        super().__init__(msg)
+
+
+class _Redirect(Exception):
+    """A 3xx reply: the SDK client (which follows redirects) takes over this endpoint."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection: the bytes received and not yet consumed, whether the peer closed, and one waiter."""
+
+    def __init__(self):
+        self.buf = bytearray()
+        self.closed = False
+        self.transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._wake()
+
+    def eof_received(self) -> None:
+        self.closed = True
+        self._wake()  # returning None: the transport closes itself
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def more(self) -> None:
+        """Wait for more bytes; _ConnectionFault when the peer has closed (the reply is cut short)."""
+        if self.closed:
+            raise _ConnectionFault("the server closed the connection before the end of the reply")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def reusable(self) -> bool:
+        """Open, and nothing unread: the same test httpcore makes before it reuses a connection (a socket that is
+        readable while idle was closed by the server or sent something unasked)."""
+        return not self.closed and not self.buf and not self.transport.is_closing()
+
+    async def line(self) -> bytes:
+        """The next CRLF-terminated line (without the CRLF), consumed."""
+        while (i := self.buf.find(b"\r\n")) < 0:
+            if len(self.buf) > _MAX_HEAD:
+                raise _ConnectionFault("a chunk-size line longer than 64 KiB")
+            await self.more()
+        out = bytes(self.buf[:i])
+        del self.buf[: i + 2]
+        return out
+
+    async def take(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            await self.more()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    async def until_closed(self) -> bytes:
+        while not self.closed:
+            await self.more_or_eof()
+        out = bytes(self.buf)
+        self.buf.clear()
+        return out
+
+    async def more_or_eof(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+async def _read_head(c: _Connection) -> tuple[str, int, dict]:
+    """(HTTP version, status, headers with lower-cased names; repeated headers joined by ", ") of the next reply."""
+    while (end := c.buf.find(b"\r\n\r\n")) < 0:
+        if len(c.buf) > _MAX_HEAD:
+            raise _ConnectionFault("a response head longer than 64 KiB")
+        await c.more()
+    lines = bytes(c.buf[:end]).decode("latin-1").split("\r\n")
+    del c.buf[: end + 4]
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if version not in ("HTTP/1.1", "HTTP/1.0") or len(code) != 3 or not code.isdigit():
+        raise _ConnectionFault(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise _ConnectionFault(f"bad header line: {line[:80]!r}")
+        name, value = name.lower(), value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return version, int(code), headers
+
+
+async def _read_reply(c: _Connection) -> tuple[int, dict, bytes, bool]:
+    """(status, headers, decoded body, whether the connection can carry another request) of one reply."""
+    version, status, headers = await _read_head(c)
+    while 100 <= status < 200:  # interim replies (100 Continue, 103 Early Hints): the real one follows
+        version, status, headers = await _read_head(c)
+    conn = headers.get("connection", "").lower()
+    keep = "close" not in conn if version == "HTTP/1.1" else "keep-alive" in conn
+    te = headers.get("transfer-encoding", "").lower()
+    if status in (204, 304):
+        body = b""
+    elif te:
+        if te.rsplit(",", 1)[-1].strip() != "chunked":
+            raise _ConnectionFault(f"unsupported transfer-encoding {te!r}")
+        parts = []
+        while True:
+            size_line = (await c.line()).split(b";", 1)[0].strip()
+            try:
+                size = int(size_line, 16)
+            except ValueError:
+                raise _ConnectionFault(f"bad chunk size {size_line[:40]!r}") from None
+            if size == 0:
+                while await c.line():  # trailers, up to the empty line
+                    pass
+                break
+            parts.append(await c.take(size))
+            if await c.take(2) != b"\r\n":
+                raise _ConnectionFault("a chunk not followed by CRLF")
+        body = b"".join(parts)
+    elif "content-length" in headers:
+        length = headers["content-length"].split(",")[0].strip()
+        if not length.isdigit():
+            raise _ConnectionFault(f"bad content-length {length[:40]!r}")
+        body = await c.take(int(length))
+    else:  # neither: the body ends when the server closes the connection
+        body = await c.until_closed()
+        keep = False
+    enc = headers.get("content-encoding", "").strip().lower()
+    if enc in ("gzip", "x-gzip", "deflate"):
+        try:
+            body = zlib.decompress(body, 16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS)
+        except zlib.error:
+            raise _ConnectionFault(f"a {enc} body that does not decompress") from None
+    elif enc not in ("", "identity"):
+        raise _ConnectionFault(f"unsupported content-encoding {enc!r}")
+    return status, headers, body, keep
+
+
+class _Http1:
+    """POSTs of JSON to one `http://` URL over keep-alive HTTP/1.1 connections: an idle connection is reused when
+    it is still open and has nothing unread (else closed), a new one is opened when none is idle; a connection goes
+    back to the idle list only after a complete reply that allows keep-alive (a timeout or cancellation mid-reply
+    closes it). Bounded in time by the caller (`asyncio.timeout`)."""
+
+    def __init__(self, url: urllib.parse.SplitResult, headers: dict[str, str]):
+        self.host, self.port = url.hostname, url.port or 80
+        path = url.path if url.path.endswith("/") else url.path + "/"  # as the SDK joins base_url and the route
+        head = [f"POST {path}chat/completions HTTP/1.1", f"Host: {url.netloc}"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        self._head = ("\r\n".join(head) + "\r\nContent-Length: ").encode("ascii")
+        self._idle: list[_Connection] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.opened = 0  # connections opened so far (tests: keep-alive reuse)
+
+    def __repr__(self) -> str:  # the head holds the Authorization header
+        return f"_Http1({self.host}:{self.port})"
+
+    async def post(self, body: bytes) -> tuple[int, dict, bytes]:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # connections belong to the loop that opened them
+            self._drop_idle()
+            self._loop = loop
+        conn = None
+        while self._idle:
+            c = self._idle.pop()
+            if c.reusable():
+                conn = c
+                break
+            c.transport.close()
+        if conn is None:
+            try:
+                _, conn = await loop.create_connection(_Connection, self.host, self.port)
+            except OSError as e:
+                raise _ConnectionFault(f"cannot connect to {self.host}:{self.port}: {e}") from None
+            self.opened += 1
+        keep = False
+        try:
+            conn.transport.write(self._head + b"%d\r\n\r\n" % len(body) + body)
+            status, headers, data, keep = await _read_reply(conn)
+            return status, headers, data
+        finally:
+            if keep and conn.reusable() and len(self._idle) < _MAX_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.transport.close()
+
+    def _drop_idle(self) -> None:
+        for c in self._idle:
+            try:
+                c.transport.close()
+            except RuntimeError:  # its loop is closed: the socket goes with the transport
+                pass
+        self._idle.clear()
+
+    async def close(self) -> None:
+        self._drop_idle()
+        await asyncio.sleep(0)  # let the transports' connection_lost callbacks close the sockets
+
+
+def _lean_url(base_url: str) -> urllib.parse.SplitResult | None:
+    """The split URL when the lean transport can serve it: plain http, a host, no credentials, query or fragment,
+    and no proxy that httpx would use for it (HTTP_PROXY / ALL_PROXY unless NO_PROXY exempts the host)."""
+    try:
+        url = urllib.parse.urlsplit(base_url)
+        url.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return None
+    if url.scheme.lower() != "http" or not url.hostname or url.username or url.password or url.query or url.fragment:
+        return None
+    proxies = urllib.request.getproxies_environment()
+    if (proxies.get("http") or proxies.get("all")) and not urllib.request.proxy_bypass_environment(url.hostname):
+        return None
+    return url
 
 
 def default_deadline_s(cfg: EndpointConfig) -> float:
@@ -254,7 +575,8 @@ class ChatClient:
     """One endpoint. `chat()` is safe to call from many tasks; the semaphore bounds calls in flight.
 
     `deadline_s` (default: the endpoint config's `deadline_s` if it has one, else `default_deadline_s`) bounds each
-    chat() from its first attempt on; time spent waiting for the semaphore is not counted."""
+    chat() from its first attempt on; time spent waiting for the semaphore is not counted. `transport`: "auto" (the
+    lean HTTP/1.1 transport for plain http:// endpoints, the SDK client otherwise) or "sdk" (the SDK client always)."""
 
     def __init__(
         self,
@@ -263,7 +585,10 @@ class ChatClient:
         *,
         rng: random.Random | None = None,
         deadline_s: float | None = None,
+        transport: str = "auto",
     ):
+        if transport not in ("auto", "sdk"):
+            raise ValueError(f"ChatClient transport must be 'auto' or 'sdk', got {transport!r}")
         self.cfg = cfg
         self.semaphore = semaphore or asyncio.Semaphore(8)
         self._rng = rng or random.Random()
@@ -275,6 +600,21 @@ class ChatClient:
         self._client = openai.AsyncOpenAI(
             base_url=cfg.base_url, api_key=key or "EMPTY", max_retries=0, timeout=cfg.timeout_s
         )
+        # plain http:// endpoints: this module's keep-alive HTTP/1.1 connections, with the SDK's own request headers
+        # (`transport="sdk"` keeps every call on the SDK client)
+        url = _lean_url(cfg.base_url) if transport == "auto" else None
+        self._http: _Http1 | None = None
+        if url is not None:
+            headers = {
+                "Accept": "application/json",
+                "Content-Type": "application/json",
+                "User-Agent": self._client.user_agent,
+                "Authorization": f"Bearer {key or 'EMPTY'}",
+            }
+            try:
+                self._http = _Http1(url, headers)
+            except UnicodeEncodeError:  # a header httpx would refuse too; let the SDK report it
+                self._http = None
 
     def __repr__(self) -> str:
         return f"ChatClient(base_url={self.cfg.base_url!r}, model={self.cfg.model!r})"
@@ -331,17 +671,8 @@ class ChatClient:
                     if left <= 0:
                         raise _PastDeadline
                     limit = min(self.cfg.timeout_s, left)
-                    # The client's low-level post: the same HTTP request, auth, timeout and response parsing as
-                    # chat.completions.create, without its per-call TypedDict transform of messages and tools
-                    # (plain dicts here), which cost ~3 ms of CPU per call and capped concurrency.
-                    resp = await asyncio.wait_for(
-                        self._client.post(
-                            "/chat/completions", cast_to=ChatCompletion, body=kwargs, options={"timeout": limit}
-                        ),
-                        timeout=min(self.cfg.timeout_s + 1.0, left),
-                    )
-                    if not getattr(resp, "choices", None) or resp.choices[0].message is None:
-                        raise _Malformed(f"response without choices: {str(resp)[:200]}")
+                    data = await self._post(kwargs, limit, left)
+                    text, calls, finish_reason, u = _reply_fields(data)
             except _PastDeadline:
                 usage.fault("deadline")
                 raise ChatError("deadline", f"{where}: no reply within {self.deadline_s:g}s", usage) from None
@@ -349,10 +680,11 @@ class ChatClient:
                 usage.latency_s += time.monotonic() - t0
                 kind, retry_after = _classify(exc)
                 if kind is None:
-                    if isinstance(exc, openai.APIStatusError):
+                    status = _status_of(exc)
+                    if status is not None:
                         # `from None`: the original exception's text may echo the key; only the redacted one travels
-                        detail = f"HTTP {exc.status_code} from {self.cfg.base_url}: {exc}"
-                        over = exc.status_code == 400 and any(m in str(exc).lower() for m in _CONTEXT_MARKERS)
+                        detail = f"HTTP {status[0]} from {self.cfg.base_url}: {exc}"
+                        over = status[0] == 400 and any(m in str(exc).lower() for m in _CONTEXT_MARKERS)
                         raise ChatError("context_length" if over else "status", detail, usage) from None
                     raise
                 usage.fault(kind)
@@ -373,22 +705,42 @@ class ChatClient:
                 continue
             usage.latency_s += time.monotonic() - t0
             break
-        msg = resp.choices[0].message
-        calls = [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-            for c in (msg.tool_calls or [])
-            if getattr(c, "function", None) is not None
-        ]
-        u = resp.usage
-        counts = [_valid_tokens(getattr(u, k, None)) for k in ("prompt_tokens", "completion_tokens")]
+        counts = [_valid_tokens(u.get(k)) for k in ("prompt_tokens", "completion_tokens")]
         if None in counts:  # implausible figures never reach the summary; the call itself is still good
             usage.fault("bad_usage")
         usage.prompt_tokens, usage.completion_tokens = (c or 0 for c in counts)
         usage.calls = 1
         usage.cost_usd = self._cost(usage.prompt_tokens, usage.completion_tokens)
-        return ChatResponse(msg.content or "", calls, resp.choices[0].finish_reason, usage)
+        return ChatResponse(text, calls, finish_reason, usage)
+
+    async def _post(self, body: dict, limit: float, left: float):
+        """One POST /chat/completions, its reply parsed from JSON (plain dicts and lists). Non-2xx replies raise
+        (`_StatusFault` here, openai.APIStatusError from the SDK), as do timeouts and connection faults."""
+        if self._http is not None:
+            try:
+                async with asyncio.timeout(limit):
+                    status, headers, raw = await self._http.post(_dumps(body))
+                if 300 <= status < 400:
+                    raise _Redirect
+            except _Redirect:  # the SDK client follows redirects; it serves this endpoint from now on
+                http, self._http = self._http, None
+                await http.close()
+            else:
+                if not 200 <= status < 300:
+                    raise _StatusFault(status, headers, raw)
+                return json.loads(raw)
+        # The client's low-level post: the same HTTP request, auth, timeout and status handling as
+        # chat.completions.create, without its per-call TypedDict transform of messages and tools (plain dicts here)
+        # or its pydantic response models (the body comes back as bytes and is parsed once).
+        raw = await asyncio.wait_for(
+            self._client.post("/chat/completions", cast_to=bytes, body=body, options={"timeout": limit}),
+            timeout=min(self.cfg.timeout_s + 1.0, left),
+        )
+        return json.loads(raw)
 
     async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
         await self._client.close()
 
 

@@ -35,7 +35,7 @@ events and the loop goes on; anything else (transport errors after retries, bugs
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from collect import bounds
 from collect.actions import ActionError, parse_action, validate_action
@@ -56,6 +56,7 @@ from collect.ledger import (
     event_to_dict,
     infer_target,
     initial_ledger,
+    plain,
     ready,
     reduce,
     render_digest,
@@ -140,7 +141,7 @@ async def run_task(
     needs = bounds.clean_needs(needs, lim)
     run.apply(NeedsDeclared(tuple(needs), unfillable_after=cfg.unfillable_after))
     initial_events, run.step_events = run.step_events, []
-    needs_json = json.dumps([asdict(n) for n in needs], ensure_ascii=False)
+    needs_json = json.dumps([plain(n) for n in needs], ensure_ascii=False)
 
     tools = render.tools_for(r0, toolbox.schemas())
     latest: str | None = None  # shown once to the planner at the next step
@@ -249,9 +250,10 @@ async def run_task(
         verdict = bounds.clean_verdict(verdict, lim)
         if verdict.gap_type == CRITIC_ERROR_GAP:
             run.apply(ModelError("role_output", verdict.description[:500], role="critic"))
-        digest_len_before_commit = len(render_digest(r0, run.ledger))
+        # the memory arm caps its summary at the digest's length (before or after this commit); no other arm needs it
+        digest_len_before_commit = len(render_digest(r0, run.ledger)) if cfg.arm == "memory" else 0
         run.apply(ObservationCommitted(action.name, args_c, obs, verdict, target_need=tgt))
-        step.update(raw_observation=raw_shown, observation=asdict(obs), verdict=asdict(verdict))
+        step.update(raw_observation=raw_shown, observation=plain(obs), verdict=plain(verdict))
         latest = raw
         if cfg.arm == "react":
             history += [
