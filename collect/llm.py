@@ -313,6 +313,7 @@ def _dumps(body: dict) -> bytes:
 # --------------------------------------------------------------------------------------------------------------------
 
 _MAX_HEAD = 64 * 1024  # a response head (status line + headers) or chunk-size line longer than this is not HTTP
+_MAX_BODY = 64 * 1024 * 1024  # a reply body (read or decompressed) above this is refused: no chat reply is that large
 _MAX_IDLE = 1000  # idle keep-alive connections kept per endpoint (in-flight ones are bounded by the semaphore)
 
 
@@ -398,6 +399,8 @@ class _Connection(asyncio.Protocol):
         return out
 
     async def take(self, n: int) -> bytes:
+        if n > _MAX_BODY:
+            raise _ConnectionFault(f"a reply body of {n} bytes (more than {_MAX_BODY})")
         while len(self.buf) < n:
             await self.more()
         out = bytes(self.buf[:n])
@@ -406,6 +409,8 @@ class _Connection(asyncio.Protocol):
 
     async def until_closed(self) -> bytes:
         while not self.closed:
+            if len(self.buf) > _MAX_BODY:
+                raise _ConnectionFault(f"a reply body of more than {_MAX_BODY} bytes")
             await self.more_or_eof()
         out = bytes(self.buf)
         self.buf.clear()
@@ -466,6 +471,8 @@ async def _read_reply(c: _Connection) -> tuple[int, dict, bytes, bool]:
                     pass
                 break
             parts.append(await c.take(size))
+            if sum(map(len, parts)) > _MAX_BODY:
+                raise _ConnectionFault(f"a chunked reply body of more than {_MAX_BODY} bytes")
             if await c.take(2) != b"\r\n":
                 raise _ConnectionFault("a chunk not followed by CRLF")
         body = b"".join(parts)
@@ -480,9 +487,12 @@ async def _read_reply(c: _Connection) -> tuple[int, dict, bytes, bool]:
     enc = headers.get("content-encoding", "").strip().lower()
     if enc in ("gzip", "x-gzip", "deflate"):
         try:
-            body = zlib.decompress(body, 16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS)
+            d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc != "deflate" else zlib.MAX_WBITS)
+            body = d.decompress(body, _MAX_BODY + 1)
         except zlib.error:
             raise _ConnectionFault(f"a {enc} body that does not decompress") from None
+        if len(body) > _MAX_BODY:  # a small compressed body that expands without bound
+            raise _ConnectionFault(f"a {enc} body that decompresses to more than {_MAX_BODY} bytes")
     elif enc not in ("", "identity"):
         raise _ConnectionFault(f"unsupported content-encoding {enc!r}")
     return status, headers, body, keep

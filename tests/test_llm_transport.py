@@ -453,3 +453,18 @@ def test_structurally_broken_replies_are_malformed_on_both_transports(transport,
         srv.script("default", Reply(raw_body=json.dumps(body)), text("ok"))
         (r,), _ = calls(ep(srv.base_url), transport=transport)
     assert r.text == "ok" and r.usage.faults == {"malformed": 1}
+
+
+def test_oversized_bodies_are_refused_not_buffered(raw, monkeypatch):
+    """A hostile endpoint: a huge Content-Length, a gzip bomb, an endless chunked stream. Each is a connection fault
+    (retried), never a reply read into memory; the bound is lowered here so the test sends kilobytes, not 64 MiB."""
+    import collect.llm as llm
+
+    monkeypatch.setattr(llm, "_MAX_BODY", 4096)
+    bomb = gzip.compress(b"{" + b" " * 100_000 + b"}")  # ~100 KB of JSON whitespace in a few hundred bytes
+    raw.script({"send": b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999\r\n\r\n", "close": True})
+    raw.script({"send": reply(bomb, headers=("Content-Encoding: gzip",))})
+    raw.script({"send": chunked(b"x" * 8000), "close": True})
+    raw.default = {"send": reply(completion("ok"))}
+    (r,), _ = calls(ep(raw.base_url, max_retries=3))
+    assert len(bomb) < 4096 and r.text == "ok" and r.usage.faults == {"connection": 3}
