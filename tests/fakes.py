@@ -172,14 +172,25 @@ class FakeChatServer:
             reply = self._queues[role].popleft() if self._queues[role] else self._defaults.get(role)
             if reply is None:
                 self.misses.append(role)
+        released = False
+
+        def send(status: int, text: str, headers: dict | None = None) -> None:
+            # a request stops being in flight when its reply starts: the client may send its next request as soon as
+            # it has read this one, possibly before this thread would reach a `finally` (max_in_flight races)
+            nonlocal released
+            with self._lock:
+                self.in_flight -= 1
+            released = True
+            self._send(h, status, text, headers)
+
         try:
             if reply is None:
-                self._send(h, 400, json.dumps({"error": {"message": f"fake server: no scripted reply for {role!r}"}}))
+                send(400, json.dumps({"error": {"message": f"fake server: no scripted reply for {role!r}"}}))
                 return
             if reply.delay_s:
                 time.sleep(reply.delay_s)
             if reply.raw_body is not None:
-                self._send(h, reply.status, reply.raw_body, reply.headers)
+                send(reply.status, reply.raw_body, reply.headers)
                 return
             prompt_tokens = reply.prompt_tokens
             if prompt_tokens is None:  # a crude but monotone token count: whitespace words of the request
@@ -199,12 +210,13 @@ class FakeChatServer:
                     "total_tokens": prompt_tokens + reply.completion_tokens,
                 },
             }
-            self._send(h, reply.status, json.dumps(completion), reply.headers)
+            send(reply.status, json.dumps(completion), reply.headers)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (timeout test)
         finally:
-            with self._lock:
-                self.in_flight -= 1
+            if not released:
+                with self._lock:
+                    self.in_flight -= 1
 
     @staticmethod
     def _send(h: BaseHTTPRequestHandler, status: int, body: str, headers: dict | None = None) -> None:
