@@ -21,6 +21,7 @@ import yaml
 
 from collect.bounds import Limits
 from collect.ledger import Budget
+from collect.world import DEFAULT_N_TASKS
 
 if TYPE_CHECKING:  # pragma: no cover
     from collect.llm import ClientPool
@@ -192,7 +193,7 @@ class TaskSource:
     kind: str = field(default="embedded", metadata={"help": "embedded | file | omnigaia | worldsense"})
     seed: int = field(default=0, metadata={"help": "embedded world seed"})
     n_tasks: int = field(
-        default=360,
+        default=DEFAULT_N_TASKS,
         metadata={
             "help": "embedded world size: tasks i = 0..n-1, split train/train/train/dev/test by i mod 5. Tasks are "
             "generated in order from one RNG, so the first 360 (the 72-task test split of the default world) are the "
@@ -213,7 +214,7 @@ class TaskSource:
             raise ValueError(f"tasks.path is required for tasks.kind={self.kind!r}")
         if self.n_tasks < 1:
             raise ValueError(f"tasks.n_tasks must be a positive integer, got {self.n_tasks!r}")
-        if self.kind != "embedded" and self.n_tasks != 360:
+        if self.kind != "embedded" and self.n_tasks != DEFAULT_N_TASKS:
             raise ValueError(f"tasks.n_tasks sizes the embedded world; it has no meaning for tasks.kind={self.kind!r}")
         if self.kind == "embedded" and self.corpus:
             raise ValueError("tasks.corpus: the embedded world brings its own corpus; corpus is for other sources")
@@ -272,7 +273,8 @@ class CollectConfig:
         d = self.to_dict()
         for k in ("limit", "progress", "harvest", "name", "workers", "shard"):
             d.pop(k, None)
-        if d["tasks"].get("n_tasks") == 360:  # the default world size: hashes (and resumable OUTs) from before the key
+        # the default world size stays out: hashes (and resumable OUTs) from before the key are unchanged
+        if d["tasks"].get("n_tasks") == DEFAULT_N_TASKS:
             d["tasks"].pop("n_tasks")
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -31,13 +31,13 @@ from collect.summary import summarize
 from collect.tasks import load_corpus, sidecar_corpus
 from collect.tools import ToolBox
 from collect.trajectory import TrajectoryWriter, encode_record, finished_ids, read_trajectories
-from collect.world import load_world
+from collect.world import DEFAULT_N_TASKS, load_world
 
 log = logging.getLogger("collect")
 
 
 @functools.lru_cache(maxsize=4)
-def embedded_world(seed: int, n_tasks: int = 360):
+def embedded_world(seed: int, n_tasks: int = DEFAULT_N_TASKS):
     """The generated world, built once per process, seed and size (tasks and corpus; eval cells reuse it)."""
     return load_world(seed=seed, n_tasks=n_tasks)
 

@@ -15,9 +15,10 @@ from collect.tasks import Task
 from collect.world.generator import FAMILIES, KINDS, generate
 
 WORLD_VERSION = 1
+DEFAULT_N_TASKS = 360  # the default world: 216 train / 72 dev / 72 test tasks
 SPLITS = ("train", "dev", "test")
 
-__all__ = ["FAMILIES", "KINDS", "SPLITS", "World", "build_world", "load_world"]
+__all__ = ["DEFAULT_N_TASKS", "FAMILIES", "KINDS", "SPLITS", "World", "build_world", "load_world"]
 
 
 @dataclass
@@ -67,14 +68,14 @@ class World:
         return cls(seed=d["seed"], tasks=[Task.model_validate(t) for t in d["tasks"]], corpus=d["corpus"])
 
 
-def build_world(seed: int = 0, n_tasks: int = 360) -> World:
+def build_world(seed: int = 0, n_tasks: int = DEFAULT_N_TASKS) -> World:
     if n_tasks < 1:
         raise ValueError(f"n_tasks must be positive, got {n_tasks}")
     tasks, corpus = generate(seed, n_tasks)
     return World(seed=seed, tasks=tasks, corpus=corpus)
 
 
-def load_world(seed: int = 0, cache_dir: str | Path | None = None, n_tasks: int = 360) -> World:
+def load_world(seed: int = 0, cache_dir: str | Path | None = None, n_tasks: int = DEFAULT_N_TASKS) -> World:
     """Build the world, reading/writing a JSON cache under cache_dir when given (keyed by version, seed, size)."""
     if cache_dir is None:
         return build_world(seed, n_tasks)
