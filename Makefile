@@ -138,7 +138,7 @@ measure: $(STAMP)  ## SEEDS="0 1": untrained / SFT / SFT+on-policy / +RL on the 
 		$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir $(MEASURE)/collect/sft \
 			--output_dir $(MEASURE)/sft-s$$s --seed $$s --tiny_seed $$s && \
 		$(PY) -m sft.onpolicy --config configs/onpolicy/tiny.yaml --model $(MEASURE)/sft-s$$s/merged \
-			--out $(MEASURE)/onpolicy-s$$s || exit 1; \
+			--teacher-data $(MEASURE)/collect --seed $$s --out $(MEASURE)/onpolicy-s$$s || exit 1; \
 	done
 	$(PY) -m collect --config configs/collect/embedded.yaml --out $(MEASURE)/heldout/collect --split test --no-harvest \
 		--no-progress

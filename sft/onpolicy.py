@@ -41,7 +41,10 @@ class OnPolicyConfig:
     rl_config: str = field(default="configs/rl/tiny.yaml")
     rl_args: dict = field(default_factory=dict, metadata={"help": "rl.train overrides (origins: onpolicy, ...)"})
     eval_share: float = 0.1
-    seed: int = 0
+    seed: int = field(default=0, metadata={"help": "train/eval split of tasks the teacher never kept (as harvest)"})
+    train_seed: int | None = field(
+        default=None, metadata={"help": "seed of every SFT round and of GRPO (None: the recipes')"}
+    )
 
     def __post_init__(self):
         from collect.relabel import check_split
@@ -72,6 +75,10 @@ def _flags(d: dict) -> list[str]:
     return out
 
 
+def _seed(cfg: OnPolicyConfig) -> dict:
+    return {} if cfg.train_seed is None else {"seed": cfg.train_seed}
+
+
 def _stage(args: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", *args], check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -86,9 +93,22 @@ def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
     if not Path(model).is_dir():
         raise FileNotFoundError(f"start planner not found: {model}")
     summary: dict = {"config": dataclasses.asdict(cfg), "start_model": model, "rounds": []}
+    # Resume: rounds a killed run finished (same recipe and start model, merged model on disk) are kept, not redone.
+    prev = out / "onpolicy_summary.json"
+    done_before = []
+    if prev.exists():
+        old = json.loads(prev.read_text())
+        if old.get("config") == json.loads(json.dumps(summary["config"])) and old.get("start_model") == model:
+            done_before = [r for r in old.get("rounds", []) if Path(r.get("model", "")).is_dir()]
     rounds_done: list[Path] = []
     for k in range(1, cfg.rounds + 1):
         rdir = out / f"round{k}"
+        if len(done_before) >= k and done_before[k - 1].get("model") == str(rdir / "sft" / "merged"):
+            print(f"round {k}: done in an earlier run, kept ({rdir})", file=sys.stderr)
+            summary["rounds"].append(done_before[k - 1])
+            rounds_done.append(rdir)
+            model = done_before[k - 1]["model"]
+            continue
         t0 = time.perf_counter()
         stats = run_relabel(
             {"checkpoint": model},
@@ -105,7 +125,7 @@ def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
         stats["aggregate"] = aggregate(cfg.teacher_data, rounds_done, rdir / "data", cfg.eval_share, cfg.seed)
         sft_out = rdir / "sft"
         args = ["sft.train", "--config", cfg.sft_config, "--dataset_dir", str(rdir / "data" / "sft")]
-        args += ["--output_dir", str(sft_out), *_flags(cfg.sft_args)]
+        args += ["--output_dir", str(sft_out), *_flags({**_seed(cfg), **cfg.sft_args})]
         if cfg.init == "previous":
             args += ["--model_name_or_path", model]
         stats["sft_s"] = _stage(args)
@@ -117,7 +137,7 @@ def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
     if cfg.rl:
         rl_out = out / "rl"
         args = ["rl.train", "--config", cfg.rl_config, "--dataset_dir", str(rounds_done[-1] / "data" / "rl_states")]
-        args += ["--model_name_or_path", model, "--output_dir", str(rl_out), *_flags(cfg.rl_args)]
+        args += ["--model_name_or_path", model, "--output_dir", str(rl_out), *_flags({**_seed(cfg), **cfg.rl_args})]
         summary["rl_s"] = _stage(args)
         summary["final_rl_model"] = str(rl_out)
     _write(out / "onpolicy_summary.json", summary)
@@ -139,10 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--out", default="runs/onpolicy")
+    ap.add_argument("--teacher-data", default=None, help="teacher harvest dir (overrides the recipe's teacher_data)")
+    ap.add_argument("--seed", type=int, default=None, help="training seed of every round's SFT and of GRPO")
     a = ap.parse_args(argv)
     setup_logging()
     try:
-        cfg = load_onpolicy_config(a.config, {"rounds": a.rounds, "limit": a.limit})
+        overrides = {"rounds": a.rounds, "limit": a.limit, "teacher_data": a.teacher_data, "train_seed": a.seed}
+        cfg = load_onpolicy_config(a.config, overrides)
         summary = run_onpolicy(cfg, a.model, a.out)
     except (ValueError, FileNotFoundError, RunDirError, subprocess.CalledProcessError) as e:
         print(f"error: {e}", file=sys.stderr)

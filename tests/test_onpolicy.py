@@ -328,3 +328,57 @@ def test_measurement_eval_config_has_two_seeds_per_trained_planner_on_the_full_t
         "tiny-sft-onpolicy": 2,
         "tiny-sft-onpolicy-rl": 2,
     }
+
+
+def test_onpolicy_rounds_pass_seed_and_teacher_data_and_resume_finished_rounds(tmp_path, monkeypatch):
+    """The orchestration alone (relabel, aggregate and the training subprocesses replaced by recorders): `--seed`
+    reaches every SFT round and GRPO, `--teacher-data` reaches the aggregate, and a rerun after a crash in round 2
+    keeps round 1 instead of relabelling and training it again."""
+    import collect.relabel
+    import sft.onpolicy as op
+
+    calls: list = []
+    crash = {"on_round": 2}
+
+    def fake_relabel(planner, rdir, k, **kw):
+        calls.append(("relabel", k, planner["checkpoint"]))
+        if crash["on_round"] == k:
+            raise RuntimeError("killed")
+        return {"round": k}
+
+    def fake_aggregate(teacher, rounds, out, share, seed):
+        calls.append(("aggregate", str(teacher), len(rounds)))
+        return {}
+
+    def fake_stage(args):
+        calls.append(("stage", args[0], args[args.index("--seed") + 1] if "--seed" in args else None))
+        out = Path(args[args.index("--output_dir") + 1])
+        (out / "merged").mkdir(parents=True, exist_ok=True)
+        return 0.0
+
+    monkeypatch.setattr(collect.relabel, "run_relabel", fake_relabel)
+    monkeypatch.setattr(collect.relabel, "aggregate", fake_aggregate)
+    monkeypatch.setattr(op, "_stage", fake_stage)
+    start = tmp_path / "sft0"
+    start.mkdir()
+    argv = ["--model", str(start), "--out", str(tmp_path / "op"), "--teacher-data", "T", "--seed", "7"]
+    argv += ["--rounds", "2", "--config", str(ROOT / "configs/onpolicy/tiny.yaml")]
+    with pytest.raises(RuntimeError, match="killed"):  # the crash in round 2 propagates
+        op.main(argv)
+    assert ("aggregate", "T", 1) in calls and ("stage", "sft.train", "7") in calls
+    calls.clear()
+    crash["on_round"] = None
+    assert op.main(argv) == 0
+    # round 1 kept (no relabel, no training), round 2 started from round 1's model, GRPO with the seed
+    r1_model = str(tmp_path / "op" / "round1" / "sft" / "merged")
+    assert [c for c in calls if c[0] == "relabel"] == [("relabel", 2, r1_model)]
+    assert [c for c in calls if c[0] == "stage"] == [("stage", "sft.train", "7"), ("stage", "rl.train", "7")]
+    summary = json.loads((tmp_path / "op" / "onpolicy_summary.json").read_text())
+    assert [r["round"] for r in summary["rounds"]] == [1, 2] and summary["config"]["teacher_data"] == "T"
+    # another start model: nothing is kept
+    calls.clear()
+    other = tmp_path / "sft1"
+    other.mkdir()
+    argv[1] = str(other)
+    assert op.main(argv) == 0
+    assert [c[1] for c in calls if c[0] == "relabel"] == [1, 2]
