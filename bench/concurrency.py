@@ -137,7 +137,8 @@ async def _run(tasks, corpus, base_url: str, concurrency: int) -> tuple[int, flo
 # `workers` processes, each with its own event loop and its share of the slots, exactly as collect.run splits
 # runtime.concurrency over its workers. Counted: planner calls that complete inside the window [warm_s, duration_s]
 # (connection set-up and process start-up are outside it). Efficiency = calls x latency / (concurrency x window):
-# 1.0 when every slot always has a call in flight. CPU per call = the workers' process CPU inside the window / calls.
+# 1.0 when every slot always has a call in flight. CPU per call = the CPU of the worker processes and of their sandbox
+# launchers inside the window / calls (the sandboxed code itself is not runtime CPU).
 # --------------------------------------------------------------------------------------------------------------------
 
 
@@ -164,6 +165,21 @@ class _CountingPlanner:
         t1 = time.monotonic()
         self.done.append((t1, t1 - t0))
         return await self.inner.decide(messages, tools, r0=r0, ledger=ledger)
+
+
+def _launcher_cpu() -> float | None:
+    """CPU seconds of this process's sandbox launcher (collect/tools/sandbox_launcher.py), which forks the code
+    sandboxes on the runtime's behalf: counted as runtime CPU (the sandboxes' own CPU is not)."""
+    from collect.tools import code_executor
+
+    la = code_executor._launcher
+    if la is None or la.owner != os.getpid():
+        return None
+    try:
+        fields = open(f"/proc/{la.proc.pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _slot_worker(base_url, latency_s, concurrency, first_slot, n_tasks, start_q, result_q) -> None:
@@ -195,9 +211,9 @@ def _slot_worker(base_url, latency_s, concurrency, first_slot, n_tasks, start_q,
         await asyncio.sleep(max(0.0, t0 - time.monotonic()))
         slots = [asyncio.create_task(slot(i)) for i in range(concurrency)]
         await asyncio.sleep(max(0.0, t0 + warm_s - time.monotonic()))
-        cpu0, n0 = time.process_time(), len(done)
+        cpu0, n0, l0 = time.process_time(), len(done), _launcher_cpu()
         await asyncio.sleep(max(0.0, t0 + duration_s - time.monotonic()))
-        cpu1, n1 = time.process_time(), len(done)
+        cpu1, n1, l1 = time.process_time(), len(done), _launcher_cpu()
         stop[0] = True
         for s in slots:
             s.cancel()
@@ -209,7 +225,8 @@ def _slot_worker(base_url, latency_s, concurrency, first_slot, n_tasks, start_q,
         return {
             "calls": n1 - n0,
             "call_s": call_s,
-            "cpu_s": cpu1 - cpu0,
+            "cpu_s": cpu1 - cpu0 + (l1 - l0 if l0 is not None and l1 is not None else 0.0),
+            "launcher_cpu_s": l1 - l0 if l0 is not None and l1 is not None else None,
             "tool_s": tool_s,
             "tasks_started": started[0],
         }
@@ -266,7 +283,10 @@ def steady_state(
         "window_s": window,
         "efficiency": round(calls * latency_s / (concurrency * window), 3),
         "efficiency_incl_tool_time": round((calls * latency_s + tool_s) / (concurrency * window), 3),
-        "cpu_ms_per_call": round(1000 * cpu / calls, 2) if calls else None,
+        "cpu_ms_per_call": round(1000 * cpu / calls, 2) if calls else None,  # worker processes + their launchers
+        "launcher_cpu_ms_per_call": round(1000 * sum(x["launcher_cpu_s"] or 0.0 for x in parts) / calls, 2)
+        if calls
+        else None,
         # the latency a call took as seen by the runtime (endpoint + HTTP + waiting for this process to be scheduled)
         "observed_call_ms": round(1000 * call_s / calls, 1) if calls else None,
         "share_of_slot_time_in_calls": round(call_s / (concurrency * window), 3),
@@ -312,7 +332,7 @@ def run(levels=LEVELS, n_tasks=None) -> list[dict]:
                         {
                             "name": f"collect_cpu_per_call_c{conc}",
                             "figure": r["cpu_ms_per_call"],
-                            "unit": "ms of runtime CPU per planner call (one process)",
+                            "unit": "ms of runtime CPU per planner call (one process + its sandbox launcher)",
                             "target": "report",
                             "met": None,
                             "inputs": {"concurrency": conc, "latency_s": latency, "workers": 1},

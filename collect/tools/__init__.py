@@ -238,17 +238,14 @@ class ToolBox:
 
     # ---- code -------------------------------------------------------------------------------------------------------
     async def _code(self, arguments: dict) -> tuple[str, NormalizedObservation]:
-        import asyncio
-
-        from collect.tools.code_executor import run_code
+        from collect.tools.code_executor import run_code_async
 
         code = arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             raise ToolFailure("code_executor: code is required")
         c = self.config
         try:
-            res = await asyncio.to_thread(
-                run_code,
+            res = await run_code_async(
                 code,
                 timeout_s=c.code_timeout_s,
                 memory_mb=c.code_memory_mb,
