@@ -182,7 +182,17 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
     for k in keys:
         vals = [h[k] for h in hist if k in h and h[k] == h[k]]  # drop NaN
         if vals:
-            comp[k] = {"mean": sum(vals) / len(vals), "first": vals[0], "last": vals[-1]}
+            q = max(1, len(vals) // 4)  # one step's reward is a few states' worth: quarters show the trend
+            comp[k] = {
+                "mean": sum(vals) / len(vals),
+                "first": vals[0],
+                "last": vals[-1],
+                "first_quarter_mean": sum(vals[:q]) / q,
+                "last_quarter_mean": sum(vals[-q:]) / q,
+            }
+    short = {"reward": "reward", "kl": "kl", "frac_reward_zero_std": "zero_std"}
+    short |= {f"rewards/{k}/mean": k for k in REWARD_FUNCS}
+    history = [{"step": h.get("step")} | {v: h[k] for k, v in short.items() if k in h} for h in hist]
     steps = trainer.state.global_step
     return {
         "steps": steps,
@@ -194,6 +204,7 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
         "reward_weights": named_weights(recipe.training.reward_weights),
         "metrics": comp,
         "judge": judge_stats,
+        "history": history,  # every logged step: reward, its components, KL, share of groups with one reward
     }
 
 

@@ -282,6 +282,10 @@ def test_grpo_smoke_logs_every_component_moves_the_policy_and_keeps_the_sft_refe
     assert s["steps"] == 4 and set(k for k in s["metrics"] if k.startswith("rewards/")) == {
         f"rewards/{k}/mean" for k in ("valid", "gate", "target", "align")
     }
+    # every logged step is kept (the trend, not one noisy first/last step), matching the trainer's log
+    assert [h["step"] for h in s["history"]] == [h["step"] for h in logged]
+    assert [h["reward"] for h in s["history"]] == [h["reward"] for h in logged]
+    assert s["metrics"]["reward"]["last_quarter_mean"] == logged[-1]["reward"]  # 4 steps: a quarter is one step
     assert (d / "out" / "tokenizer_config.json").exists()
     with capsys.disabled():
         print(
