@@ -254,6 +254,16 @@ def _start_host(code: str, marker: str) -> tuple[subprocess.Popen, int]:
     return host, _wait_for_pid(marker, 60)
 
 
+def _sigkill_and_survivors(host: subprocess.Popen, tree: set[int], grace_s: float = 5.0) -> list[int]:
+    """SIGKILL `host`, then give its former descendants `grace_s` to go; the pids still alive."""
+    os.kill(host.pid, signal.SIGKILL)
+    host.wait(10)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in tree):
+        time.sleep(0.05)
+    return [p for p in tree if os.path.exists(f"/proc/{p}")]
+
+
 def test_sigkill_of_host_kills_sandbox_and_leaves_no_scratch():
     marker = f"3000.{uuid.uuid4().int % 10**9}"
     code = (
@@ -269,12 +279,7 @@ def test_sigkill_of_host_kills_sandbox_and_leaves_no_scratch():
         scratch = os.readlink(f"/proc/{sleeper}/cwd")
         sandbox = _descendants(host.pid)
         assert sleeper in sandbox
-        os.kill(host.pid, signal.SIGKILL)
-        host.wait(10)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in sandbox):
-            time.sleep(0.05)
-        alive = [p for p in sandbox if os.path.exists(f"/proc/{p}")]
+        alive = _sigkill_and_survivors(host, sandbox)
         assert alive == [], f"sandbox processes outlived the SIGKILLed host: {alive}"
         # Its scratch was a tmpfs of the sandbox's own mount namespace: gone with the last process, never on the
         # host's disk (the old executor left /tmp/omni-sbx-* behind).

@@ -16,7 +16,7 @@ import pytest
 
 from collect.tools import ToolBox, ToolsConfig, code_executor
 from collect.tools.code_executor import SandboxLauncherError, run_code_async
-from tests.test_sandbox_hostile import REPO, _descendants, _kill_all, _wait_for_pid
+from tests.test_sandbox_hostile import REPO, _descendants, _kill_all, _sigkill_and_survivors, _wait_for_pid
 from tests.test_tools import _video_task
 
 
@@ -123,12 +123,7 @@ def test_sigkill_of_the_runtime_takes_launcher_and_sandbox_down():
         sleeper = _wait_for_pid(marker, 60)
         tree = _descendants(host.pid)
         assert sleeper in tree and len(tree) >= 3  # launcher -> unshare -> ... -> sleep
-        os.kill(host.pid, signal.SIGKILL)
-        host.wait(10)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in tree):
-            time.sleep(0.05)
-        alive = [p for p in tree if os.path.exists(f"/proc/{p}")]
+        alive = _sigkill_and_survivors(host, tree)
         assert alive == [], f"launcher or sandbox processes outlived the SIGKILLed runtime: {alive}"
     finally:
         if host.poll() is None:
