@@ -129,3 +129,28 @@ def test_sigkill_of_the_runtime_takes_launcher_and_sandbox_down():
         if host.poll() is None:
             host.kill()
         _kill_all(marker)
+
+
+def test_unreadable_replies_fail_their_own_call_and_nothing_else():
+    """A launcher that answers garbage (a result with unknown fields, a line that is not JSON) fails exactly the
+    calls it garbled; the reader keeps going and the next well-formed reply still arrives."""
+    ok = {"stdout": "ok", "stderr": "", "returncode": 0, "timed_out": False, "killed": None, "truncated": False}
+    fake = (
+        "import sys, json\n"
+        "for line in sys.stdin:\n"
+        "    i = json.loads(line)['id']\n"
+        "    if i == 0: print(json.dumps({'id': 0, 'result': {'bogus': 1}}), flush=True)\n"
+        "    elif i == 1: print('not json at all', flush=True)\n"
+        "    if i == 1: print(json.dumps({'id': 1, 'error': ['ValueError', 'x']}), flush=True)\n"
+        f"    if i > 1: print(json.dumps({{'id': i, 'result': {{**{ok!r}, 'wall_s': 0.0}}}}), flush=True)\n"
+    )
+    la = code_executor._Launcher(1, cmd=[sys.executable, "-c", fake])
+    try:
+        with pytest.raises(SandboxLauncherError, match="unreadable"):
+            la.submit("a", {}).result(10)
+        with pytest.raises(ValueError, match="x"):
+            la.submit("b", {}).result(10)
+        assert la.submit("c", {}).result(10).stdout == "ok"
+    finally:
+        la.close()
+    assert la.dead

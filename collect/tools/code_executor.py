@@ -709,11 +709,11 @@ class _Launcher:
     """Client side of collect/tools/sandbox_launcher.py: one helper process per runtime process. Requests are written
     under a lock; one reader thread resolves each caller's future from the reply lines (any event loop can await)."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, cmd: list[str] | None = None):
         self.owner = os.getpid()
+        script = str(Path(__file__).with_name("sandbox_launcher.py"))
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(Path(__file__).with_name("sandbox_launcher.py")), __file__, str(self.owner)]
-            + [str(threads), str(SANDBOX_NICE)],
+            cmd or [sys.executable, "-I", script, __file__, str(self.owner), str(threads), str(SANDBOX_NICE)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -735,11 +735,15 @@ class _Launcher:
                 fut = self.pending.pop(msg.get("id"), None)
             if fut is None or not fut.set_running_or_notify_cancel():  # the caller gave up (a cancelled task)
                 continue
-            if "result" in msg:
-                fut.set_result(ExecResult(**msg["result"]))
-            else:
-                name, text = msg["error"]
-                fut.set_exception(_ERRORS.get(name, RuntimeError)(text if name in _ERRORS else f"{name}: {text}"))
+            try:
+                if "result" in msg:
+                    fut.set_result(ExecResult(**msg["result"]))
+                else:
+                    name, text = msg["error"]
+                    fut.set_exception(_ERRORS.get(name, RuntimeError)(text if name in _ERRORS else f"{name}: {text}"))
+            except Exception as e:  # noqa: BLE001 - a reply this client cannot read fails its call, not the reader
+                if not fut.done():
+                    fut.set_exception(SandboxLauncherError(f"unreadable launcher reply: {type(e).__name__}: {e}"))
         with self.lock:
             self.dead = True
             lost, self.pending = list(self.pending.values()), {}
