@@ -1,6 +1,11 @@
 """Score a policy on held-out ledger states: one greedy decision per state, rewarded like RL (before/after numbers).
 
     python -m rl.score --dataset_dir DATA/rl_states --model M [--split eval] [--n 64] [--config configs/rl/X.yaml]
+    python -m rl.score --dataset_dir DATA/rl_states --sensitivity [--split train] [--n 300]   # no model: the reward
+
+`--sensitivity` asks whether the reward can tell a right decision from a near miss at all (no policy involved): the
+recorded (teacher) action of each state with a query argument, the same call with the query of another state, and
+the same call with the query's first three words dropped, each scored like an RL completion.
 
 Prints (and returns) the mean weighted total and each component (valid, gate, target, align); judged components
 skip failed judge calls (None), as in training. The judge, weights, chat-template kwargs, model dtype and decision
@@ -100,10 +105,54 @@ def score(
     return result
 
 
+def reward_sensitivity(dataset_dir: str, split: str = "train", n: int = 300, config: str | None = None) -> dict:
+    """Mean reward (total and per component) of the reference action and of two query perturbations of it, over the
+    first n states of `split` whose reference action has a `query`. Another state's query is taken by a seeded
+    shuffle; a state whose query has three words or fewer becomes "x" when they are dropped."""
+    import random
+
+    from datasets import load_from_disk
+
+    from collect.actions import Action
+    from rewards import build_judge, score_components, total, use_judge
+    from rl.train import load_config, named_weights
+
+    script, training, _ = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": "unused"})
+    dd = load_from_disk(dataset_dir)
+    if split not in dd:
+        raise ValueError(f"{dataset_dir}: no split {split!r} (has {list(dd)})")
+    ds = dd[split]
+    keep = [i for i, r in enumerate(ds["reference_action"]) if "query" in (json.loads(r).get("arguments") or {})]
+    ds = ds.select(keep[:n])
+    if len(ds) < 2:
+        raise ValueError(f"{dataset_dir}[{split}]: {len(ds)} states with a query; need at least 2")
+    refs = [json.loads(r) for r in ds["reference_action"]]
+    others = [a["arguments"]["query"] for a in refs]
+    random.Random(0).shuffle(others)
+
+    def call(a: dict, query: str) -> str:
+        return Action(a["name"], {**a["arguments"], "query": query}).to_text()
+
+    variants = {
+        "reference": [call(a, a["arguments"]["query"]) for a in refs],
+        "query_of_another_state": [call(a, q) for a, q in zip(refs, others, strict=True)],
+        "query_first_3_words_dropped": [call(a, " ".join(a["arguments"]["query"].split()[3:]) or "x") for a in refs],
+    }
+    use_judge(build_judge(script.judge))
+    columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
+    out: dict = {"dataset_dir": dataset_dir, "split": split, "n": len(ds)}
+    for name, completions in variants.items():
+        comps = asyncio.run(score_components(completions, columns))
+        out[name] = {"total": _mean(total(comps, named_weights(training.reward_weights)))}
+        out[name] |= {k: _mean(v) for k, v in comps.items()}
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description="mean RL reward of greedy decisions on held-out ledger states")
     ap.add_argument("--dataset_dir", required=True, help="rl_states DatasetDict")
-    ap.add_argument("--model", required=True, help="policy directory (full weights or a LoRA adapter)")
+    ap.add_argument("--model", help="policy directory (full weights or a LoRA adapter); not with --sensitivity")
+    ap.add_argument("--sensitivity", action="store_true", help="score the reference action and 2 near misses")
     ap.add_argument("--split", default="eval")
     ap.add_argument("--n", type=int, default=64, help="number of states")
     ap.add_argument("--config", help="RL recipe for the judge, weights and chat-template kwargs")
@@ -111,7 +160,12 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens)
+    if a.sensitivity:
+        res = reward_sensitivity(a.dataset_dir, a.split, a.n, a.config)
+    elif not a.model:
+        ap.error("--model is required (or --sensitivity)")
+    else:
+        res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens)
     print(json.dumps(res))
     return res
 

@@ -372,3 +372,19 @@ def test_reference_matches_tells_a_copied_query_from_a_right_tool_with_a_made_up
     assert got["reference_action_match"] == pytest.approx(2 / 5)  # exact, and the finish
     assert got["n_with_query"] == 4  # the finish reference has no query
     assert got["reference_query_match"] == pytest.approx(2 / 4)
+
+
+def test_reward_sensitivity_ranks_the_recorded_call_above_its_near_misses(rl_data):
+    """`rl.score --sensitivity`: with the offline judge, the teacher's own query scores above another state's query
+    and above a truncated one, on the harvested states (the reward is not flat in the query); --model is required
+    otherwise."""
+    from rl.score import main, reward_sensitivity
+
+    res = reward_sensitivity(str(rl_data / "rl_states"), split="train", n=50)
+    assert res["n"] >= 2
+    ref, other, cut = res["reference"], res["query_of_another_state"], res["query_first_3_words_dropped"]
+    assert ref["valid"] == other["valid"] == cut["valid"] == 1.0  # same tool, same schema: only the query differs
+    assert ref["total"] > other["total"] and ref["total"] > cut["total"]
+    assert ref["align"] > other["align"]
+    with pytest.raises(SystemExit):
+        main(["--dataset_dir", str(rl_data / "rl_states")])
