@@ -4,7 +4,7 @@
 
 It is not imported by the runtime (stdlib only, like sandbox_bootstrap.py): `code_executor.run_code_async` starts one
 per runtime process at the first code call. It loads code_executor.py from its path (not through the `collect`
-package, so it stays a ~20 MB interpreter) and runs `run_code` in a thread pool, so the fork of every sandbox, its
+package, so it stays a ~16 MB interpreter) and runs `run_code` in a thread pool, so the fork of every sandbox, its
 output pumps and their GIL traffic happen here and not in the runtime's event loop, and it renices itself
 (SANDBOX_NICE) so the sandboxes it forks do not take the CPU from the runtime. With sandboxes started from the runtime
 at its own priority, 256 slots on the idle 2-core machine had a loop lag of 6.6-6.9 ms per 10 ms tick (2.1-2.4 ms with
