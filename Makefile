@@ -129,7 +129,7 @@ onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate +
 
 # The long measurement (not part of `make demo`): teacher data, then per seed state-SFT -> on-policy rounds -> GRPO,
 # held-out teacher states of the test split, and the eval of every planner x seed on the full 72-task test split.
-# Measured on the 2-core machine 2026-11-30 (training stages end to end, ~1 h 45 min with other jobs; the final eval
+# Measured on the 2-core machine 2026-11-30 (training stages end to end, ~1 h 35 min with other jobs; the final eval
 # in a reduced form): docs/training.md "make measure on the full test split".
 MEASURE := runs/measure
 SEEDS ?= 0 1
