@@ -53,6 +53,26 @@ def reference_matches(completions: list[str], reference_actions: list[str]) -> d
     }
 
 
+def _load_split(dataset_dir: str, split: str):
+    from datasets import load_from_disk
+
+    dd = load_from_disk(dataset_dir)
+    if split not in dd:
+        raise ValueError(f"{dataset_dir}: no split {split!r} (has {list(dd)})")
+    return dd[split]
+
+
+def _rewards(completions: list[str], ds, training) -> tuple[dict, dict]:
+    """Every reward component of `completions` (aligned with the states `ds`), and the means: weighted total first."""
+    from rewards import score_components, total
+    from rl.train import named_weights
+
+    columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
+    comps = asyncio.run(score_components(completions, columns))
+    means = {"total": _mean(total(comps, named_weights(training.reward_weights)))}
+    return comps, means | {k: _mean(v) for k, v in comps.items()}
+
+
 def score(
     dataset_dir: str,
     model: str,
@@ -64,17 +84,14 @@ def score(
 ) -> dict:
     """Greedy-decode one decision for each of the first n states of `split` and average every reward component."""
     import torch
-    from datasets import load_from_disk
 
-    from rewards import build_judge, score_components, total, use_judge
-    from rl.train import load_config, load_policy, named_weights, render_prompts
+    from rewards import build_judge, use_judge
+    from rl.train import load_config, load_policy, render_prompts
 
     # without --config: TRL's defaults (GRPOConfig, ModelConfig), the offline judge and the paper weights
     script, training, model_args = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": model})
-    dd = load_from_disk(dataset_dir)
-    if split not in dd:
-        raise ValueError(f"{dataset_dir}: no split {split!r} (has {list(dd)})")
-    ds = dd[split].select(range(min(n, len(dd[split]))))
+    ds = _load_split(dataset_dir, split)
+    ds = ds.select(range(min(n, len(ds))))
     policy, tok, _, _ = load_policy(model_args)
     policy.eval()
     texts = render_prompts(ds, tok, training.chat_template_kwargs)["prompt"]
@@ -89,16 +106,13 @@ def score(
             out = policy.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
         # decode like GRPO does (skip_special_tokens=True): the tool-call tags are ordinary added tokens
         completions += tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
-    comps = asyncio.run(score_components(completions, columns))
-    totals = total(comps, named_weights(training.reward_weights))
+    comps, means = _rewards(completions, ds, training)
     matches = reference_matches(completions, ds["reference_action"])
     result = {
         "model": model,
         "split": split,
         "n": len(completions),
-        "total": _mean(totals),
-        **{k: _mean(v) for k, v in comps.items()},
+        **means,
         "judge_skipped": sum(v is None for v in comps["target"]),
         **matches,  # same tool / same call / same query as the recorded (teacher) action
     }
@@ -111,17 +125,12 @@ def reward_sensitivity(dataset_dir: str, split: str = "train", n: int = 300, con
     shuffle; a state whose query has three words or fewer becomes "x" when they are dropped."""
     import random
 
-    from datasets import load_from_disk
-
     from collect.actions import Action
-    from rewards import build_judge, score_components, total, use_judge
-    from rl.train import load_config, named_weights
+    from rewards import build_judge, use_judge
+    from rl.train import load_config
 
     script, training, _ = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": "unused"})
-    dd = load_from_disk(dataset_dir)
-    if split not in dd:
-        raise ValueError(f"{dataset_dir}: no split {split!r} (has {list(dd)})")
-    ds = dd[split]
+    ds = _load_split(dataset_dir, split)
     keep = [i for i, r in enumerate(ds["reference_action"]) if "query" in (json.loads(r).get("arguments") or {})]
     ds = ds.select(keep[:n])
     if len(ds) < 2:
@@ -139,12 +148,9 @@ def reward_sensitivity(dataset_dir: str, split: str = "train", n: int = 300, con
         "query_first_3_words_dropped": [call(a, " ".join(a["arguments"]["query"].split()[3:]) or "x") for a in refs],
     }
     use_judge(build_judge(script.judge))
-    columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
     out: dict = {"dataset_dir": dataset_dir, "split": split, "n": len(ds)}
     for name, completions in variants.items():
-        comps = asyncio.run(score_components(completions, columns))
-        out[name] = {"total": _mean(total(comps, named_weights(training.reward_weights)))}
-        out[name] |= {k: _mean(v) for k, v in comps.items()}
+        out[name] = _rewards(completions, ds, training)[1]
     return out
 
 

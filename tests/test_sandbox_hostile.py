@@ -58,7 +58,8 @@ def _kill_all(marker: str) -> None:
             pass
 
 
-def _descendants(root: int) -> set[int]:
+def _child_map() -> dict[int, list[int]]:
+    """parent pid -> its children's pids, over every process now in /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -68,6 +69,11 @@ def _descendants(root: int) -> set[int]:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _descendants(root: int) -> set[int]:
+    children = _child_map()
     out, todo = set(), [root]
     while todo:
         for child in children.get(todo.pop(), []):

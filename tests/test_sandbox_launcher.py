@@ -16,19 +16,12 @@ import pytest
 
 from collect.tools import ToolBox, ToolsConfig, code_executor
 from collect.tools.code_executor import SandboxLauncherError, run_code_async
-from tests.test_sandbox_hostile import REPO, _descendants, _kill_all, _sigkill_and_survivors, _wait_for_pid
+from tests.test_sandbox_hostile import REPO, _child_map, _descendants, _kill_all, _sigkill_and_survivors, _wait_for_pid
 from tests.test_tools import _video_task
 
 
 def _children(pid: int) -> list[int]:
-    return [p for p in _descendants(pid) if _ppid(p) == pid]
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
+    return _child_map().get(pid, [])
 
 
 def test_sandboxes_start_from_one_launcher_process_not_from_the_runtime():
