@@ -2,10 +2,14 @@
 
     python -m rl.score --dataset_dir DATA/rl_states --model M [--split eval] [--n 64] [--config configs/rl/X.yaml]
     python -m rl.score --dataset_dir DATA/rl_states --sensitivity [--split train] [--n 300]   # no model: the reward
+    python -m rl.score --dataset_dir DATA/rl_states --model M --samples K [--split train]   # what a GRPO group sees
 
 `--sensitivity` asks whether the reward can tell a right decision from a near miss at all (no policy involved): the
 recorded (teacher) action of each state with a query argument, the same call with the query of another state, and
 the same call with the query's first three words dropped, each scored like an RL completion.
+
+`--samples K` asks whether GRPO can find the teacher's decision at all: K samples per state at the recipe's
+temperature, as in a group, and how often one of them has the teacher's query (see `group_reach`).
 
 Prints (and returns) the mean weighted total and each component (valid, gate, target, align); judged components
 skip failed judge calls (None), as in training. The judge, weights, chat-template kwargs, model dtype and decision
@@ -73,18 +77,28 @@ def _rewards(completions: list[str], ds, training) -> tuple[dict, dict]:
     return comps, means | {k: _mean(v) for k, v in comps.items()}
 
 
-def score(
-    dataset_dir: str,
-    model: str,
-    split: str = "eval",
-    n: int = 64,
-    config: str | None = None,
-    max_new_tokens: int | None = None,
-    batch_size: int = 8,
-) -> dict:
-    """Greedy-decode one decision for each of the first n states of `split` and average every reward component."""
+def _decode(policy, tok, texts: list[str], max_new: int, batch_size: int, k: int = 1, temperature: float = 1.0):
+    """Decisions for `texts`: greedy (k=1), or k samples per prompt at `temperature` as GRPO draws a group (then the
+    list holds each prompt's k samples in a row). Decoded like GRPO does (skip_special_tokens=True: the tool-call
+    tags are ordinary added tokens)."""
     import torch
 
+    gen = {"do_sample": False} if k == 1 else {"do_sample": True, "temperature": temperature, "top_k": 0}
+    completions: list[str] = []
+    tok.padding_side = "left"
+    step = max(1, batch_size // k)
+    for i in range(0, len(texts), step):
+        enc = tok(texts[i : i + step], return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = {key: v.to(policy.device) for key, v in enc.items()}
+        with torch.no_grad():
+            out = policy.generate(
+                **enc, max_new_tokens=max_new, num_return_sequences=k, pad_token_id=tok.pad_token_id, **gen
+            )
+        completions += tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return completions
+
+
+def _policy_and_states(dataset_dir: str, model: str, split: str, n: int, config: str | None):
     from rewards import build_judge, use_judge
     from rl.train import load_config, load_policy, render_prompts
 
@@ -96,16 +110,21 @@ def score(
     policy.eval()
     texts = render_prompts(ds, tok, training.chat_template_kwargs)["prompt"]
     use_judge(build_judge(script.judge))
-    max_new = max_new_tokens or training.max_completion_length
-    completions: list[str] = []
-    tok.padding_side = "left"
-    for i in range(0, len(texts), batch_size):
-        enc = tok(texts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-        enc = {k: v.to(policy.device) for k, v in enc.items()}
-        with torch.no_grad():
-            out = policy.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.pad_token_id)
-        # decode like GRPO does (skip_special_tokens=True): the tool-call tags are ordinary added tokens
-        completions += tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    return ds, training, policy, tok, texts
+
+
+def score(
+    dataset_dir: str,
+    model: str,
+    split: str = "eval",
+    n: int = 64,
+    config: str | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int = 8,
+) -> dict:
+    """Greedy-decode one decision for each of the first n states of `split` and average every reward component."""
+    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config)
+    completions = _decode(policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size)
     comps, means = _rewards(completions, ds, training)
     matches = reference_matches(completions, ds["reference_action"])
     result = {
@@ -117,6 +136,68 @@ def score(
         **matches,  # same tool / same call / same query as the recorded (teacher) action
     }
     return result
+
+
+def group_reach(
+    dataset_dir: str,
+    model: str,
+    k: int,
+    split: str = "eval",
+    n: int = 64,
+    config: str | None = None,
+    max_new_tokens: int | None = None,
+    batch_size: int = 16,
+    seed: int = 0,
+) -> dict:
+    """What a GRPO group sees: k samples per state at the recipe's temperature, rewarded like RL. Reports how often
+    the group holds the recorded (teacher) query / call at all (`any_query_match`: the states GRPO can pull towards
+    it), the per-sample match rates, how often the group's best-rewarded sample is the teacher's query when one is
+    there (ties count), the GRPO advantage such a sample gets ((reward - group mean) / group std), and the groups
+    whose k rewards are all equal (no advantage, no gradient). Sampling is seeded (`seed`)."""
+    import statistics
+
+    import torch
+
+    from rewards import total
+    from rl.train import named_weights
+
+    if k < 2:
+        raise ValueError(f"group_reach needs k >= 2 samples per state, got {k}")
+    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config)
+    torch.manual_seed(seed)
+    completions = _decode(
+        policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size, k, training.temperature
+    )
+    refs = [r for r in ds["reference_action"] for _ in range(k)]
+    expanded = ds.select([i for i in range(len(ds)) for _ in range(k)])
+    comps, means = _rewards(completions, expanded, training)
+    totals = [0.0 if t is None else t for t in total(comps, named_weights(training.reward_weights))]
+    per_sample = [reference_matches([c], [r]) for c, r in zip(completions, refs, strict=True)]
+    groups = [range(i * k, (i + 1) * k) for i in range(len(ds))]
+    query_groups = [g for g in groups if per_sample[g[0]]["n_with_query"]]
+    hit = [any(per_sample[j]["reference_query_match"] for j in g) for g in query_groups]
+    best_is_ref, advantage = [], []
+    for g in (g for g, h in zip(query_groups, hit, strict=True) if h):
+        top = max(totals[j] for j in g)
+        best_is_ref.append(any(totals[j] == top and per_sample[j]["reference_query_match"] for j in g))
+        mean, std = statistics.fmean(totals[j] for j in g), statistics.pstdev(totals[j] for j in g)
+        advantage += [(totals[j] - mean) / std if std else 0.0 for j in g if per_sample[j]["reference_query_match"]]
+    return {
+        "model": model,
+        "split": split,
+        "n": len(ds),
+        "k": k,
+        "temperature": training.temperature,
+        **{f"sample_{key}": v for key, v in means.items()},
+        "sample_tool_match": _mean([m["reference_tool_match"] for m in per_sample]),
+        "sample_query_match": _mean([per_sample[j]["reference_query_match"] for g in query_groups for j in g]),
+        "n_with_query": len(query_groups),
+        "any_query_match": _mean([float(h) for h in hit]),
+        "any_action_match": _mean([float(any(per_sample[j]["reference_action_match"] for j in g)) for g in groups]),
+        "best_sample_is_teacher_query": _mean([float(b) for b in best_is_ref]),
+        "teacher_query_advantage": _mean(advantage),
+        "zero_std_groups": _mean([float(len({totals[j] for j in g}) == 1) for g in groups]),
+    }
 
 
 def reward_sensitivity(dataset_dir: str, split: str = "train", n: int = 300, config: str | None = None) -> dict:
@@ -163,6 +244,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--n", type=int, default=64, help="number of states")
     ap.add_argument("--config", help="RL recipe for the judge, weights and chat-template kwargs")
     ap.add_argument("--max_new_tokens", type=int, help="decision length (default: the recipe's max_completion_length)")
+    ap.add_argument(
+        "--samples", type=int, help="K: draw K decisions per state at the recipe's temperature (a GRPO group) instead"
+    )
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -170,6 +254,8 @@ def main(argv: list[str] | None = None) -> dict:
         res = reward_sensitivity(a.dataset_dir, a.split, a.n, a.config)
     elif not a.model:
         ap.error("--model is required (or --sensitivity)")
+    elif a.samples:
+        res = group_reach(a.dataset_dir, a.model, a.samples, a.split, a.n, a.config, a.max_new_tokens)
     else:
         res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens)
     print(json.dumps(res))

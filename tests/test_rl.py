@@ -388,3 +388,60 @@ def test_reward_sensitivity_ranks_the_recorded_call_above_its_near_misses(rl_dat
     assert ref["align"] > other["align"]
     with pytest.raises(SystemExit):
         main(["--dataset_dir", str(rl_data / "rl_states")])
+
+
+@pytest.mark.slow
+def test_group_reach_counts_the_groups_that_hold_the_teachers_query_and_its_advantage(sft_policy, monkeypatch):
+    """`rl.score --samples K`: what a GRPO group sees. Real sampling on the warm-started policy gives k samples per
+    state; with the sampler scripted so that one sample per group is the teacher's call and the others another
+    state's call, every group holds the teacher's query, it is the best-rewarded sample with a positive advantage,
+    and 1 in k samples matches."""
+    import rl.score
+    from rl.score import group_reach, main
+
+    sft, data, _ = sft_policy
+    real = group_reach(str(data), str(sft), k=2, split="eval", n=3, max_new_tokens=40)
+    assert real["n"] == 3 and real["k"] == 2 and 0.0 <= real["zero_std_groups"] <= 1.0
+    assert 0.0 <= real["sample_total"] <= 1.0 and 0.0 <= real["sample_tool_match"] <= 1.0
+
+    from datasets import load_from_disk
+
+    refs = load_from_disk(str(data))["train"]["reference_action"]
+    keep = [i for i, r in enumerate(refs) if "query" in (json.loads(r).get("arguments") or {})][:4]
+    assert len(keep) >= 2
+
+    def call(ref: str, query: str) -> str:
+        a = json.loads(ref)
+        return (
+            "<tool_call>\n"
+            + json.dumps({"name": a["name"], "arguments": {**a["arguments"], "query": query}})
+            + ("\n</tool_call>")
+        )
+
+    queries = [json.loads(refs[i])["arguments"]["query"] for i in keep]
+    k = 3
+
+    def scripted(policy, tok, texts, max_new, batch_size, k_, temperature):
+        assert k_ == k and temperature == 1.0
+        out = []
+        for j in range(len(texts)):
+            ref = refs[keep[j]]
+            wrong = "completely unrelated words " + queries[(j + 1) % len(queries)]
+            out += [call(ref, wrong), call(ref, queries[j]), "not a call"]
+        return out
+
+    from datasets import DatasetDict
+
+    sub = Path(sft).parent / "reach_states"  # the states with a query only
+    DatasetDict({"train": load_from_disk(str(data))["train"].select(keep)}).save_to_disk(str(sub))
+    monkeypatch.setattr(rl.score, "_decode", scripted)
+    got = group_reach(str(sub), str(sft), k=k, split="train", n=len(keep))
+    assert got["n_with_query"] == len(keep)
+    assert got["sample_query_match"] == pytest.approx(1 / k)
+    assert got["any_query_match"] == 1.0 and got["best_sample_is_teacher_query"] == 1.0
+    assert got["teacher_query_advantage"] > 0.5
+    assert got["zero_std_groups"] == 0.0
+    with pytest.raises(ValueError, match="k >= 2"):
+        group_reach(str(sub), str(sft), k=1, split="train")
+    res = main(["--dataset_dir", str(sub), "--model", str(sft), "--samples", str(k), "--split", "train"])
+    assert res["k"] == k and res["any_query_match"] == 1.0  # the command line reaches the same function
