@@ -51,6 +51,10 @@ class SFTScriptArguments:
         metadata={"help": "if model_name_or_path does not exist, build the tiny offline model into OUTPUT_DIR/base"},
     )
     tiny_seed: int = field(default=0, metadata={"help": "seed of the tiny model's weights (build_tiny only)"})
+    tiny_pretokenizer: str = field(
+        default="phrase",
+        metadata={"help": "the tiny tokenizer's pre-tokenizer, phrase or wordruns (sft.tiny.PRETOKENIZER_SPLITS)"},
+    )
     kinds: str = field(
         default="decision,need_parse",
         metadata={"help": "comma-separated row kinds to train on: decision (planner actions), need_parse"},
@@ -304,7 +308,7 @@ def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, mod
 
         model_path = str(out / "base")
         if not (Path(model_path) / "config.json").exists():
-            build_tiny_model(model_path, seed=script_args.tiny_seed)
+            build_tiny_model(model_path, seed=script_args.tiny_seed, pretokenizer=script_args.tiny_pretokenizer)
         model_args.model_name_or_path = model_path
 
     # -- data and model
