@@ -168,8 +168,8 @@ def group_reach(
     completions = _decode(
         policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size, k, training.temperature
     )
-    refs = [r for r in ds["reference_action"] for _ in range(k)]
-    expanded = ds.select([i for i in range(len(ds)) for _ in range(k)])
+    expanded = ds.select([i for i in range(len(ds)) for _ in range(k)])  # each state once per sample, in order
+    refs = expanded["reference_action"]
     comps, means = _rewards(completions, expanded, training)
     totals = [0.0 if t is None else t for t in total(comps, named_weights(training.reward_weights))]
     per_sample = [reference_matches([c], [r]) for c, r in zip(completions, refs, strict=True)]

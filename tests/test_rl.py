@@ -411,12 +411,10 @@ def test_group_reach_counts_the_groups_that_hold_the_teachers_query_and_its_adva
     assert len(keep) >= 2
 
     def call(ref: str, query: str) -> str:
+        from collect.actions import Action
+
         a = json.loads(ref)
-        return (
-            "<tool_call>\n"
-            + json.dumps({"name": a["name"], "arguments": {**a["arguments"], "query": query}})
-            + ("\n</tool_call>")
-        )
+        return Action(a["name"], {**a["arguments"], "query": query}).to_text()
 
     queries = [json.loads(refs[i])["arguments"]["query"] for i in keep]
     k = 3
