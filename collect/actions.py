@@ -183,18 +183,33 @@ def _surely_valid(schema, x) -> bool:
     return True
 
 
+def _check_beyond_schema(action: Action) -> None:
+    """What the tool schemas do not say but the tools refuse (collect.tools): a `time_range` that ends before it
+    starts, a blank `query` or `code`. Refused by the tool, such a call was a tool error, which counts as a failed
+    attempt on the need (three make it unfillable), and the `valid` reward scored it valid. It is the planner's
+    malformed call, so it is rejected here, in the one place the runtime, the reward and evaluation share."""
+    args = action.arguments
+    tr = args.get("time_range")
+    if type(tr) is list and len(tr) == 2 and all(_num(v) for v in tr) and tr[0] > tr[1]:
+        raise ActionError("bad_arguments", f"{action.name}.time_range: {tr} ends before it starts")
+    for key in ("query", "code"):
+        if type(args.get(key)) is str and not args[key].strip():
+            raise ActionError("bad_arguments", f"{action.name}.{key}: must not be blank")
+
+
 def validate_action(action: Action, tools: list[dict]) -> None:
-    """Raise ActionError unless the tool exists in this state's tool set and the arguments satisfy its schema."""
+    """Raise ActionError unless the tool exists in this state's tool set, the arguments satisfy its schema and
+    `_check_beyond_schema` holds."""
     schemas = schema_index(tools)
     if action.name not in schemas:
         raise ActionError("unknown_tool", f"{action.name!r} is not one of {sorted(schemas)}")
-    if _surely_valid(schemas[action.name], action.arguments):
-        return
-    try:
-        validator = _validator(json.dumps(schemas[action.name], sort_keys=True))
-        error = jsonschema.exceptions.best_match(validator.iter_errors(action.arguments))
-        if error is not None:
-            raise error
-    except jsonschema.ValidationError as e:
-        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise ActionError("bad_arguments", f"{action.name}.{path}: {e.message}") from None
+    if not _surely_valid(schemas[action.name], action.arguments):
+        try:
+            validator = _validator(json.dumps(schemas[action.name], sort_keys=True))
+            error = jsonschema.exceptions.best_match(validator.iter_errors(action.arguments))
+            if error is not None:
+                raise error
+        except jsonschema.ValidationError as e:
+            path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+            raise ActionError("bad_arguments", f"{action.name}.{path}: {e.message}") from None
+    _check_beyond_schema(action)

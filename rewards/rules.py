@@ -74,7 +74,8 @@ def ledger_of(value: Any) -> Ledger:
 
 def valid(completions: list, tools: list, **kwargs) -> list[float | None]:
     """1 when the completion parses as exactly one action, the tool is in this state's tool set and the arguments
-    satisfy its JSON schema; else 0. Guards the action format against drift during RL."""
+    satisfy its JSON schema and what the tools refuse beyond it (collect.actions.validate_action: a time_range that
+    ends before it starts, a blank query or code); else 0. Guards the action format against drift during RL."""
     out: list[float | None] = []
     for completion, tools_json in zip(completions, tools, strict=True):
         schemas = load_json_column(tools_json, "tools")

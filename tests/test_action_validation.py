@@ -94,6 +94,12 @@ def test_invalid_actions_get_jsonschema_verdict_and_message():
         ("web_search", '{"query": "q", "need_index": true}'): "web_search.need_index: True is not of type 'integer'",
         ("web_search", '{"query": "q", "need_index": -1}'): "web_search.need_index: -1 is less than the minimum of 0",
         ("subtitle_grounding", '{"query": "q", "time_range": [1]}'): "subtitle_grounding.time_range: [1] is too short",
+        # schema-valid, but a range that ends before it starts: the planner's error, not a failed tool attempt
+        ("subtitle_grounding", '{"query": "q", "time_range": [170.0, 115]}'): (
+            "subtitle_grounding.time_range: [170.0, 115] ends before it starts"
+        ),
+        ("web_search", '{"query": " \\n ", "need_index": 0}'): "web_search.query: must not be blank",
+        ("code_executor", '{"code": ""}'): "code_executor.code: must not be blank",
     }
     for (name, args), message in cases.items():
         with pytest.raises(ActionError) as e:
@@ -101,3 +107,7 @@ def test_invalid_actions_get_jsonschema_verdict_and_message():
         assert e.value.kind == "bad_arguments" and e.value.detail == message, e.value.detail
     # a whole-number float is an integer to jsonschema: not certain for the fast path, accepted by jsonschema
     validate_action(Action("web_search", {"query": "q", "need_index": 1.0}), tools)
+    # the same check on jsonschema's path (need_index 1.0 sends it there); an empty range is still a range
+    with pytest.raises(ActionError, match="ends before it starts"):
+        validate_action(Action("subtitle_grounding", {"query": "q", "time_range": [9, 2], "need_index": 1.0}), tools)
+    validate_action(Action("subtitle_grounding", {"query": "q", "time_range": [5, 5]}), tools)

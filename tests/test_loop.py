@@ -144,6 +144,25 @@ def test_garbage_planner_output_becomes_model_errors_and_the_run_continues(srv):
     assert "rejected (unknown_tool)" in rec["steps"][4]["planner_input"]["messages"][1]["content"]
 
 
+def test_a_reversed_time_range_is_a_rejected_reply_not_a_failed_attempt_on_the_need(srv):
+    # schema-valid, but it ends before it starts: three of these used to be tool errors that made the need unfillable
+    tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
+    bad = {"query": "banner", "asset_id": "v1", "time_range": [60.0, 30.0], "need_index": 0}
+    srv.script("planner", *[tool_call("subtitle_grounding", bad)] * 3)
+    srv.script("planner", tool_call("subtitle_grounding", bad | {"time_range": [30.0, 60.0]}))
+    srv.script("planner", tool_call("web_search", {"query": "Acme founded", "need_index": 1}))
+    srv.script("planner", tool_call("finish", {"answer": "1999"}))
+    srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
+    srv.script("finalizer", text("1999"))
+    srv.script("answer_critic", answer_critic(True))
+    rec = run(srv, toolbox=tb)
+    errs = [e for e in all_events(rec) if e["kind"] in ("model_error", "tool_error")]
+    assert [e["error"] for e in errs] == ["bad_arguments"] * 3 and "ends before it starts" in errs[0]["detail"]
+    assert rec["steps"][3]["ledger_before"]["needs"][0]["attempts"] == 0  # no attempt was charged to the need
+    assert [c[0] for c in tb.calls] == ["subtitle_grounding", "web_search"]  # the tool never saw the bad ranges
+    assert rec["outcome"] == "accepted" and rec["final_ledger"]["tool_errors"] == 0
+
+
 def test_unreadable_critic_output_is_an_insufficient_verdict_and_a_critic_model_error(srv):
     srv.script(
         "planner", tool_call("web_search", {"query": "a", "need_index": 0}), tool_call("finish", {"answer": "?"})

@@ -93,6 +93,22 @@ def test_valid_rejects_malformed_unknown_or_schema_violating_actions(st, complet
     assert valid([completion], **cols(st.open, 1)) == [0.0]
 
 
+def test_valid_rejects_a_time_range_that_ends_before_it_starts(recorded_states):
+    # schema-valid, refused by the tool: the reward must score it as the runtime treats it (a rejected reply)
+    def subtitle(r):
+        return next(
+            (t["function"] for t in json.loads(r["tools"]) if t["function"]["name"] == "subtitle_grounding"), None
+        )
+
+    row = next(r for r in recorded_states if subtitle(r) and "time_range" in subtitle(r)["parameters"]["properties"])
+    asset = subtitle(row)["parameters"]["properties"]["asset_id"]["enum"][0]
+    calls = [
+        Action("subtitle_grounding", {"asset_id": asset, "query": "q", "time_range": tr}).to_text()
+        for tr in ([30.0, 60.0], [60.0, 30.0])
+    ]
+    assert valid(calls, **cols(row, 2)) == [1.0, 0.0]
+
+
 def test_valid_uses_the_rows_own_tool_set(st):
     # frame_confirm exists for the video task but not in a tool set without perception tools
     c = Action("frame_confirm", {"asset_id": st.asset, "query": "q"}).to_text()
