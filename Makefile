@@ -131,14 +131,19 @@ onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate +
 # held-out teacher states of the test split, and the eval of every planner x seed on the full 72-task test split.
 # Measured on the 2-core machine 2026-11-30 (training stages end to end, ~1 h 35 min with other jobs; the final eval
 # in a reduced form): docs/training.md "make measure on the full test split".
+# The copying recipe (docs/training.md "A planner that copies"): MEASURE_COLLECT=configs/collect/embedded_1800.yaml
+# MEASURE_SFT=configs/sft/tiny_copy.yaml MEASURE_ONPOLICY=configs/onpolicy/tiny_copy.yaml (~1 h per seed more).
 MEASURE := runs/measure
 SEEDS ?= 0 1
-measure: $(STAMP)  ## SEEDS="0 1": untrained / SFT / SFT+on-policy / +RL on the 72 test tasks -> $(MEASURE)/eval
-	$(PY) -m collect --config configs/collect/embedded.yaml --out $(MEASURE)/collect --split train --no-progress
+MEASURE_COLLECT ?= configs/collect/embedded.yaml
+MEASURE_SFT ?= configs/sft/tiny.yaml
+MEASURE_ONPOLICY ?= configs/onpolicy/tiny.yaml
+measure: $(STAMP)  ## SEEDS="0 1" MEASURE_SFT= ...: untrained / SFT / SFT+on-policy / +RL on the 72 test tasks
+	$(PY) -m collect --config $(MEASURE_COLLECT) --out $(MEASURE)/collect --split train --no-progress
 	for s in $(SEEDS); do \
-		$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir $(MEASURE)/collect/sft \
+		$(PY) -m sft.train --config $(MEASURE_SFT) --dataset_dir $(MEASURE)/collect/sft \
 			--output_dir $(MEASURE)/sft-s$$s --seed $$s --tiny_seed $$s && \
-		$(PY) -m sft.onpolicy --config configs/onpolicy/tiny.yaml --model $(MEASURE)/sft-s$$s/merged \
+		$(PY) -m sft.onpolicy --config $(MEASURE_ONPOLICY) --model $(MEASURE)/sft-s$$s/merged \
 			--teacher-data $(MEASURE)/collect --seed $$s --out $(MEASURE)/onpolicy-s$$s || exit 1; \
 	done
 	$(PY) -m collect --config configs/collect/embedded.yaml --out $(MEASURE)/heldout/collect --split test --no-harvest \
