@@ -6,8 +6,9 @@ Round k (1..N): the current planner runs over the recipe's split (never test) an
 reached (collect.relabel.run_relabel -> DIR/round{k}/); the SFT dataset of round k is the teacher rows + the on-policy
 rows of rounds 1..k, identical prompts once (collect.relabel.aggregate -> DIR/round{k}/data); sft.train trains on it
 (`init: previous` fine-tunes round k-1's model, `init: scratch` trains the recipe from its tiny base) ->
-DIR/round{k}/sft/merged, the planner of round k+1. With `rl: true`, GRPO (rl.train) then runs on the last round's
-aggregated rl_states (teacher + student-reached states) -> DIR/rl. DIR/onpolicy_summary.json: every round's figures.
+DIR/round{k}/sft/merged, the planner of round k+1; DIR/final_sft links to the last round's. With `rl: true`, GRPO
+(rl.train) then runs on the last round's aggregated rl_states (teacher + student-reached states) -> DIR/rl.
+DIR/onpolicy_summary.json: every round's figures.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
         summary["rounds"].append(stats)
         _write(out / "onpolicy_summary.json", summary)
     summary["final_sft_model"] = model
+    _link_final(out / "final_sft", Path(model))
     if cfg.rl:
         rl_out = out / "rl"
         args = ["rl.train", "--config", cfg.rl_config, "--dataset_dir", str(rounds_done[-1] / "data" / "rl_states")]
@@ -142,6 +144,16 @@ def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
         summary["final_rl_model"] = str(rl_out)
     _write(out / "onpolicy_summary.json", summary)
     return summary
+
+
+def _link_final(link: Path, target: Path) -> None:
+    """DIR/final_sft -> roundN/sft/merged (relative), so a recipe's eval config names the last round's planner
+    whatever ROUNDS is (configs/eval/onpolicy.yaml). Replaced atomically on every run."""
+    tmp = link.with_name(link.name + ".tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(os.path.relpath(target, link.parent), target_is_directory=True)
+    os.replace(tmp, link)
 
 
 def _write(path: Path, obj: dict) -> None:

@@ -375,6 +375,18 @@ def test_onpolicy_rounds_pass_seed_and_teacher_data_and_resume_finished_rounds(t
     assert [c for c in calls if c[0] == "stage"] == [("stage", "sft.train", "7"), ("stage", "rl.train", "7")]
     summary = json.loads((tmp_path / "op" / "onpolicy_summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2] and summary["config"]["teacher_data"] == "T"
+    # final_sft names the last round's planner, and it is the path the measurement eval config reads
+    op_dir = tmp_path / "op"
+    assert (op_dir / "final_sft").resolve() == (op_dir / "round2" / "sft" / "merged").resolve()
+    from serve.eval import load_eval_config
+
+    ckpt = load_eval_config(str(ROOT / "configs/eval/onpolicy.yaml")).planners["tiny-sft-onpolicy@0"]["checkpoint"]
+    assert (op_dir / Path(ckpt).relative_to("runs/measure/onpolicy-s0")).is_dir()
+    # one round: final_sft follows it (the copying recipe has rounds: 1)
+    argv1 = [a if a != str(tmp_path / "op") else str(tmp_path / "op1") for a in argv]
+    argv1[argv1.index("--rounds") + 1] = "1"
+    assert op.main(argv1) == 0
+    assert (tmp_path / "op1" / "final_sft").resolve() == (tmp_path / "op1" / "round1" / "sft" / "merged").resolve()
     # another start model: nothing is kept
     calls.clear()
     other = tmp_path / "sft1"
