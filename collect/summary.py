@@ -37,16 +37,29 @@ def _group(records: list[dict], key: str) -> dict:
 
 
 def planner_step_stats(records: list[dict]) -> dict:
-    """Planner decisions, and the share of them that were a parseable, schema-valid action."""
-    total = valid = 0
+    """Planner decisions, and the share of them that were a parseable, schema-valid action. The step share can be
+    dominated by a few runs where a greedy planner repeats one rejected reply until the budget ends, so the runs with
+    at least one rejected reply, and the most rejections in one run, are counted too."""
+    total = valid = tasks_rejected = most = 0
     for r in records:
+        rejected = 0
         for s in r.get("steps", []):
             if "planner_input" not in s:
                 continue
             total += 1
             if s.get("action") is not None:
                 valid += 1
-    return {"planner_calls": total, "valid_actions": valid, "valid_action_rate": (valid / total) if total else None}
+            else:
+                rejected += 1
+        tasks_rejected += rejected > 0
+        most = max(most, rejected)
+    return {
+        "planner_calls": total,
+        "valid_actions": valid,
+        "valid_action_rate": (valid / total) if total else None,
+        "tasks_with_rejected_reply": tasks_rejected,
+        "most_rejected_in_one_task": most,
+    }
 
 
 def closure_audit(records: list[dict]) -> dict:

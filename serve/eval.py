@@ -152,6 +152,8 @@ def pool_planners(cells: dict[str, dict], records: dict[str, list[dict]]) -> dic
             "outcomes": {o: sum(cells[n]["outcomes"].get(o, 0) for n in names) for o in OUTCOMES},
             "valid_action_rate": steps["valid_action_rate"],
             "planner_calls": steps["planner_calls"],
+            "tasks_with_rejected_reply": steps["tasks_with_rejected_reply"],
+            "most_rejected_in_one_task": steps["most_rejected_in_one_task"],
             **task_type_stats(recs),
             "heldout": {
                 k: sum(h[k] for h in heldout) / len(heldout)
@@ -276,7 +278,7 @@ def format_planners(summary: dict) -> str:
     head = (
         f"{'planner (seeds pooled)':36s} {'seeds':>5s} {'runs':>5s} {'acc':>7s} {'95% CI':>15s} {'answerable':>10s} "
     )
-    head += f"{'unans->ins':>10s} {'valid':>7s} {'heldout valid/tool/query':>25s}"
+    head += f"{'unans->ins':>10s} {'valid':>7s} {'rej.runs':>8s} {'heldout valid/tool/query':>25s}"
     lines = [head, "-" * len(head)]
     pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     for key, p in summary.get("planners", {}).items():
@@ -285,6 +287,7 @@ def format_planners(summary: dict) -> str:
             f"{key:36s} {p['n_seeds']:5d} {p['n_task_runs']:5d} {pct(p['accuracy']):>7s} "
             f"{ci[0] * 100:6.1f}-{ci[1] * 100:5.1f}% {pct(p['answerable']['accuracy']):>10s} "
             f"{pct(p['unanswerable']['rate']):>10s} {pct(p['valid_action_rate']):>7s} "
+            f"{p.get('tasks_with_rejected_reply', 0):8d} "
             f"{'/'.join(pct(h.get(k)) for k in HELDOUT_SHOWN) if h else '-':>25s}"
         )
     return "\n".join(lines)

@@ -174,7 +174,8 @@ def planners_table(planners: dict[str, dict]) -> str:
             f"<td>{_pct(ans.get('accuracy'))} ({ans.get('correct', 0)}/{ans.get('n', 0)})</td>"
             f"<td>{_pct(una.get('rate'))} ({una.get('insufficient', 0)}/{una.get('n', 0)}; "
             f"{una.get('declared_insufficient', 0)} declared)</td>"
-            f"<td>{_pct(p.get('valid_action_rate'))}</td>"
+            f"<td>{_pct(p.get('valid_action_rate'))} ({p.get('tasks_with_rejected_reply', 0)} runs; "
+            f"max {p.get('most_rejected_in_one_task', 0)})</td>"
             + "".join(f"<td>{p.get('outcomes', {}).get(o, 0)}</td>" for o in OUTCOMES)
             + f"<td>{_pct(h.get('valid'))}</td><td>{_pct(h.get('reference_tool_match'))}</td>"
             f"<td>{_pct(h.get('reference_query_match'))}</td></tr>"
@@ -182,7 +183,7 @@ def planners_table(planners: dict[str, dict]) -> str:
     return (
         "<h2>Planners (seeds pooled)</h2><table><tr><th>planner</th><th>seeds</th><th>task runs</th><th>accuracy</th>"
         "<th>95% CI</th><th>per seed</th><th>answerable acc.</th><th>unanswerable → insufficient</th>"
-        "<th>valid own steps</th>"
+        "<th>valid own steps (runs with a rejected reply; most in one run)</th>"
         + "".join(f"<th>{o}</th>" for o in OUTCOMES)
         + "<th>held-out valid</th><th>held-out same tool</th><th>held-out same query</th></tr>"
         + "".join(rows)

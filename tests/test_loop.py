@@ -161,6 +161,11 @@ def test_a_reversed_time_range_is_a_rejected_reply_not_a_failed_attempt_on_the_n
     assert rec["steps"][3]["ledger_before"]["needs"][0]["attempts"] == 0  # no attempt was charged to the need
     assert [c[0] for c in tb.calls] == ["subtitle_grounding", "web_search"]  # the tool never saw the bad ranges
     assert rec["outcome"] == "accepted" and rec["final_ledger"]["tool_errors"] == 0
+    from collect.summary import planner_step_stats
+
+    st = planner_step_stats([rec])  # the figures eval reports: 3 of 6 calls rejected, all in this one run
+    assert (st["planner_calls"], st["valid_actions"], st["tasks_with_rejected_reply"]) == (6, 3, 1)
+    assert st["most_rejected_in_one_task"] == 3
 
 
 def test_unreadable_critic_output_is_an_insufficient_verdict_and_a_critic_model_error(srv):

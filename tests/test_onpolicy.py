@@ -231,6 +231,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
 
     with FakeChatServer() as srv:
         srv.default("planner", tool_call("finish", {"answer": "insufficient"}))
+        srv.script("planner", text("no tool call at all"))  # sft@0's first task: one rejected reply
 
         class Served:
             base_url = srv.base_url
@@ -284,6 +285,8 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
     assert sum(sft["outcomes"].values()) == 4
     assert sft["heldout"] == {"valid": 0.75, "reference_tool_match": 0.25, "total": 0.4}
     assert pooled["teacher__ledger__annotations"]["heldout"] is None
+    assert (sft["tasks_with_rejected_reply"], sft["most_rejected_in_one_task"]) == (1, 1)
+    assert sft["valid_action_rate"] == (sft["planner_calls"] - 1) / sft["planner_calls"]
     assert sft["answerable"]["n"] + sft["unanswerable"]["n"] == 4
     assert sft["answerable"]["correct"] == 0  # "insufficient" never answers an answerable task
     una = [
@@ -300,6 +303,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
 
     html = (tmp_path / "out/report.html").read_text()
     assert "Planners (seeds pooled)" in html and "sft__ledger__annotations" in html and "75.0%" in html
+    assert "(1 runs; max 1)" in html
 
     # the context plot leaves out the teacher (no token counts) instead of drawing it at 0
     assert all(
