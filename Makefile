@@ -132,7 +132,8 @@ onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate +
 # Measured on the 2-core machine 2026-11-30 (training stages end to end, ~1 h 35 min with other jobs; the final eval
 # in a reduced form): docs/training.md "make measure on the full test split".
 # The copying recipe (docs/training.md "A planner that copies"): MEASURE_COLLECT=configs/collect/embedded_1800.yaml
-# MEASURE_SFT=configs/sft/tiny_copy.yaml MEASURE_ONPOLICY=configs/onpolicy/tiny_copy.yaml (~1 h per seed more).
+# MEASURE_SFT=configs/sft/tiny_copy.yaml MEASURE_ONPOLICY=configs/onpolicy/tiny_copy.yaml: per seed SFT 2,140-2,300 s,
+# one on-policy round ~640 s, GRPO ~260 s; the final eval of 9 cells 36 min (2026-12-01, stage by stage).
 MEASURE := runs/measure
 SEEDS ?= 0 1
 MEASURE_COLLECT ?= configs/collect/embedded.yaml
