@@ -100,10 +100,10 @@ class RemoteTeacherPlanner:
     def __init__(self, inner, client):
         self.inner, self.client, self.calls = inner, client, 0
 
-    async def decide(self, messages, tools, *, r0, ledger):
+    async def decide(self, messages, tools, *, r0, ledger, **sampling):
         await self.client.chat(messages, tools=tools)
         self.calls += 1
-        return await self.inner.decide(messages, tools, r0=r0, ledger=ledger)
+        return await self.inner.decide(messages, tools, r0=r0, ledger=ledger, **sampling)
 
 
 async def _run(tasks, corpus, base_url: str, concurrency: int) -> tuple[int, float]:
@@ -159,12 +159,12 @@ class _CountingPlanner:
     def __init__(self, inner, client, done: list):
         self.inner, self.client, self.done = inner, client, done
 
-    async def decide(self, messages, tools, *, r0, ledger):
+    async def decide(self, messages, tools, *, r0, ledger, **sampling):
         t0 = time.monotonic()
         await self.client.chat(messages, tools=tools)
         t1 = time.monotonic()
         self.done.append((t1, t1 - t0))
-        return await self.inner.decide(messages, tools, r0=r0, ledger=ledger)
+        return await self.inner.decide(messages, tools, r0=r0, ledger=ledger, **sampling)
 
 
 def _launcher_cpu() -> float | None:

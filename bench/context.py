@@ -26,10 +26,10 @@ class SlowTeacherPlanner:
     def __init__(self, inner, every: int = 4):
         self.inner, self.every, self.n = inner, every, 0
 
-    async def decide(self, messages, tools, *, r0, ledger):
+    async def decide(self, messages, tools, *, r0, ledger, **sampling):
         self.n += 1
         if self.n % self.every == 0:
-            return await self.inner.decide(messages, tools, r0=r0, ledger=ledger)
+            return await self.inner.decide(messages, tools, r0=r0, ledger=ledger, **sampling)
         a = Action("web_search", {"query": f"unrelated weather report number {self.n}"})
         return PlannerReply(a.to_text(), [], Usage(model="scripted", calls=1))
 

@@ -112,6 +112,14 @@ class RuntimeConfig:
         metadata={"help": "raw observation shown to planner/critic and stored in trajectories"},
     )
     concurrency: int = field(default=8, metadata={"help": "tasks / concurrent chat calls in flight"})
+    rejection_temperature: float = field(
+        default=0.0,
+        metadata={
+            "help": "> 0: after a rejected planner reply, the next planner calls (until one is valid) sample at this "
+            "temperature with a seed from (task, step); 0 = off, the planner's own decoding throughout (the paper: "
+            "temperature 0). A greedy planner otherwise tends to repeat the rejected call on the near-identical state"
+        },
+    )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
 
     def __post_init__(self):
@@ -124,6 +132,9 @@ class RuntimeConfig:
                 raise ValueError(f"RuntimeConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_revisions < 0:
             raise ValueError(f"RuntimeConfig.max_revisions must be >= 0, got {self.max_revisions}")
+        if not 0.0 <= self.rejection_temperature <= 2.0:
+            t = self.rejection_temperature
+            raise ValueError(f"RuntimeConfig.rejection_temperature must be in [0, 2], got {t}")
 
     def budget(self) -> Budget:
         return Budget(self.max_steps, self.max_revisions, self.unfillable_after)
@@ -276,6 +287,8 @@ class CollectConfig:
         # the default world size stays out: hashes (and resumable OUTs) from before the key are unchanged
         if d["tasks"].get("n_tasks") == DEFAULT_N_TASKS:
             d["tasks"].pop("n_tasks")
+        if not d["runtime"].get("rejection_temperature"):  # likewise the default (off) re-sampling
+            d["runtime"].pop("rejection_temperature", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

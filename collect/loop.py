@@ -29,11 +29,14 @@ Arms over the same tools and budget:
   memory: the planner sees R0 + a rolling summary (summarizer after each observation, capped at the length of the
           rendered digest at that step) + the latest observation; critic, gate and stopping as in `ledger`.
 Model errors (unparseable reply, unknown tool, bad arguments, unreadable critic output) and tool failures become
-events and the loop goes on; anything else (transport errors after retries, bugs) raises.
+events and the loop goes on; anything else (transport errors after retries, bugs) raises. With
+RuntimeConfig.rejection_temperature > 0, the planner calls after a rejected reply (until one is valid) are sampled at
+that temperature, seeded by (task, step), instead of repeating the planner's own (greedy) decoding; off by default.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 
@@ -117,6 +120,12 @@ class _Run:
         self.usage.setdefault(role, Usage(model=u.model)).add(u)
 
 
+def resample_seed(task_id: str, t: int) -> int:
+    """The seed of a re-sampled planner call: fixed by (task, step), so a rerun samples the same reply; 31 bits, which
+    every OpenAI-compatible server accepts."""
+    return int.from_bytes(hashlib.sha256(f"{task_id}/{t}".encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
 async def run_task(
     task_or_r0, roles: Roles, toolbox, runtime_cfg: RuntimeConfig, *, config_hash: str | None = None
 ) -> dict:
@@ -145,6 +154,7 @@ async def run_task(
 
     tools = render.tools_for(r0, toolbox.schemas())
     latest: str | None = None  # shown once to the planner at the next step
+    resample = False  # the last planner reply was rejected (RuntimeConfig.rejection_temperature)
     summary = ""  # memory arm
     history: list[dict] = []  # react arm
     steps: list[dict] = []
@@ -164,8 +174,13 @@ async def run_task(
         messages = render.render_planner_messages(
             r0, ledger_before, latest, cfg.arm, max_observation_chars=max_obs, summary=summary, history=history
         )
+        sampling = (
+            {"temperature": cfg.rejection_temperature, "seed": resample_seed(r0.task_id, ledger_before.steps + 1)}
+            if resample and cfg.rejection_temperature > 0
+            else {}
+        )
         try:
-            reply = await roles.planner.decide(messages, tools, r0=r0, ledger=ledger_before)
+            reply = await roles.planner.decide(messages, tools, r0=r0, ledger=ledger_before, **sampling)
         except ChatError as e:
             if e.kind != "context_length":
                 raise  # transport failures end the task (the engine retries it on the next run)
@@ -192,6 +207,8 @@ async def run_task(
             "completion_tokens": reply.usage.completion_tokens,
             "latency_s": reply.usage.latency_s,
         }
+        if sampling:
+            step["sampling"] = sampling  # a re-sampled call after a rejection (docs/trajectory.md)
         try:
             if oversized:
                 raise ActionError("oversized", f"reply of {reply_chars} characters > {lim.max_reply_chars}")
@@ -200,6 +217,7 @@ async def run_task(
         except ActionError as e:
             detail = bounds.clean_text(e.detail, 500)
             run.apply(ModelError(e.kind, detail, role="planner"))
+            resample = True
             latest = f"Your previous reply was rejected ({e.kind}): {detail[:300]}. Reply with exactly one tool call."
             if cfg.arm == "react":
                 history += [
@@ -209,6 +227,7 @@ async def run_task(
             steps.append(_close_step(step, run))
             continue
         step["action"] = action.to_dict()
+        resample = False
 
         if action.name == "finish":
             draft = str(action.arguments.get("answer", ""))

@@ -368,8 +368,15 @@ class TeacherPlanner:
     """Reads r0 and the ledger only (see module docstring)."""
 
     async def decide(
-        self, messages: list[dict], tools: list[dict], *, r0: TaskContext, ledger: Ledger
-    ) -> PlannerReply:
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        *,
+        r0: TaskContext,
+        ledger: Ledger,
+        temperature: float | None = None,
+        seed: int | None = None,
+    ) -> PlannerReply:  # deterministic: temperature / seed are ignored (it is never rejected)
         offered = [t.get("function", t)["name"] for t in tools] if tools else list(r0.tools())
         action = self.choose(r0, ledger, offered)
         return PlannerReply(text=action.to_text(), tool_calls=[], usage=_usage())

@@ -168,6 +168,33 @@ def test_a_reversed_time_range_is_a_rejected_reply_not_a_failed_attempt_on_the_n
     assert st["most_rejected_in_one_task"] == 3
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_after_a_rejected_reply_the_planner_is_resampled_only_when_configured(srv, temperature):
+    from collect.loop import resample_seed
+
+    bad = {"query": "banner", "asset_id": "v1", "time_range": [60.0, 30.0], "need_index": 0}
+    srv.script("planner", *[tool_call("subtitle_grounding", bad)] * 2)
+    srv.script("planner", tool_call("subtitle_grounding", bad | {"time_range": [30.0, 60.0]}))
+    srv.script("planner", tool_call("web_search", {"query": "Acme founded", "need_index": 1}))
+    srv.script("planner", tool_call("finish", {"answer": "1999"}))
+    srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
+    srv.script("finalizer", text("1999"))
+    srv.script("answer_critic", answer_critic(True))
+    rec = run(srv, rejection_temperature=temperature)
+    assert rec["outcome"] == "accepted"
+    sent = [(b["temperature"], b.get("seed")) for b in srv.role_requests("planner")]
+    if temperature == 0.0:  # off: every call with the endpoint's own decoding, nothing recorded
+        assert sent == [(0.0, None)] * 5 and all("sampling" not in s for s in rec["steps"])
+        return
+    # on: the two calls after a rejection are sampled, seeded by (task, step); greedy again after a valid reply
+    seeds = [resample_seed(R0.task_id, t) for t in (2, 3)]
+    assert sent == [(0.0, None), (0.7, seeds[0]), (0.7, seeds[1]), (0.0, None), (0.0, None)]
+    assert seeds[0] != seeds[1] and all(0 <= x < 2**31 for x in seeds)  # a seed every OpenAI-style server takes
+    assert [s.get("sampling") for s in rec["steps"]] == [None, *({"temperature": 0.7, "seed": x} for x in seeds)] + [
+        None
+    ] * 2
+
+
 def test_unreadable_critic_output_is_an_insufficient_verdict_and_a_critic_model_error(srv):
     srv.script(
         "planner", tool_call("web_search", {"query": "a", "need_index": 0}), tool_call("finish", {"answer": "?"})

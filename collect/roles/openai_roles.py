@@ -194,9 +194,18 @@ class OpenAINeedParser:
 
 class OpenAIPlanner:
     async def decide(
-        self, messages: list[dict], tools: list[dict], *, r0: TaskContext, ledger: Ledger
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        *,
+        r0: TaskContext,
+        ledger: Ledger,
+        temperature: float | None = None,
+        seed: int | None = None,
     ) -> PlannerReply:
-        resp = await self.client.chat(messages, tools=tools)
+        # `seed` is the OpenAI request field (vLLM and serve.local honour it per request)
+        extra = {"seed": seed} if seed is not None else None
+        resp = await self.client.chat(messages, tools=tools, temperature=temperature, extra_body=extra)
         return PlannerReply(text=resp.text, tool_calls=resp.tool_calls, usage=resp.usage)
 
     def __init__(self, client: ChatClient):
