@@ -12,6 +12,8 @@ greedy decision scores (rl.score) of each checkpoint on held-out teacher states.
                                {checkpoint: [DIR_seed0, DIR_seed1, ...]}: one planner trained with several seeds, a
                                cell per seed (NAME@0, NAME@1, ...) and the seeds pooled in summary.json "planners"
   {endpoint: {base_url, model, api_key_env, ...}}   any OpenAI-compatible server (vLLM on a GPU node, an API)
+A checkpoint or endpoint planner may add `runtime: {...}`, RuntimeConfig overrides for its cells only (e.g.
+{rejection_temperature: 0.7}); two planner names with the same checkpoints then compare runtimes on one model.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from collect.config import EndpointConfig, load_config
+from collect.config import EndpointConfig, RuntimeConfig, load_config
 from collect.run import RunDirError, run_collection, setup_logging
 from collect.trajectory import read_trajectories
 from serve.report import write_report
@@ -63,12 +65,20 @@ class EvalConfig:
         if not self.planners:
             raise ValueError("eval config: `planners` is empty")
         self.planners = expand_seeds(self.planners)
+        runtime_fields = {f.name for f in dataclasses.fields(RuntimeConfig)} - {"arm", "concurrency"}
         for name, spec in self.planners.items():
-            keys = set(spec) if isinstance(spec, dict) else None
+            keys = set(spec) - {"runtime"} if isinstance(spec, dict) else None
             ok = spec == "offline" or keys in ({"checkpoint"}, {"endpoint"}, {"checkpoint", "endpoint"})
             if not ok:
                 raise ValueError(
                     f"planners.{name}: expected 'offline', {{checkpoint: DIR}} or {{endpoint: {{...}}}}, got {spec!r}"
+                )
+            rt = spec.get("runtime") if isinstance(spec, dict) else None
+            if rt is not None and (not isinstance(rt, dict) or set(rt) - runtime_fields):
+                bad = sorted(set(rt) - runtime_fields) if isinstance(rt, dict) else rt
+                raise ValueError(
+                    f"planners.{name}.runtime: expected a mapping of runtime fields ({sorted(runtime_fields)}; arm "
+                    f"and concurrency come from `arms` / `concurrency`), got {bad!r}"
                 )
             if keys == {"checkpoint", "endpoint"} and {"base_url", "model"} & set(spec["endpoint"]):
                 raise ValueError(f"planners.{name}: a served checkpoint gets its base_url/model from serve.local")
@@ -236,6 +246,7 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     base = load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit, "workers": cfg.workers})
     cells: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
+    heldout_scores: dict[str | None, dict | None] = {}
     for pname, spec in cfg.planners.items():
         with planner_endpoint(spec, cfg.planner_endpoint) as endpoint:
             for arm in cfg.arms:
@@ -244,7 +255,10 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
                     c = copy.deepcopy(base)
                     c.name = cell
                     c.runtime = dataclasses.replace(
-                        c.runtime, arm=arm, concurrency=cfg.concurrency or c.runtime.concurrency
+                        c.runtime,
+                        **(spec.get("runtime") or {} if isinstance(spec, dict) else {}),
+                        arm=arm,
+                        concurrency=cfg.concurrency or c.runtime.concurrency,
                     )
                     c.tools = {**c.tools, **perc}
                     if endpoint is not None:
@@ -257,8 +271,11 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
                     cells[cell]["perception"] = perc_name
                     records[cell] = list(read_trajectories(cell_out / "trajectories.jsonl"))
                     cells[cell].update(task_type_stats(records[cell]))
-        if cfg.heldout:
-            scored = score_heldout(spec, cfg.heldout)
+        if cfg.heldout:  # greedy decisions on fixed states: one score per checkpoint, whatever the runtime
+            key = spec.get("checkpoint") if isinstance(spec, dict) else None
+            if key not in heldout_scores:
+                heldout_scores[key] = score_heldout(spec, cfg.heldout)
+            scored = heldout_scores[key]
             for cell in cells:
                 if cells[cell]["planner"] == pname:
                     cells[cell]["heldout"] = scored

@@ -139,3 +139,37 @@ def test_a_served_checkpoint_takes_per_planner_endpoint_overrides(tmp_path, monk
     p.write_text(yaml.safe_dump({"planners": {"x": {"checkpoint": "d", "endpoint": {"base_url": "http://h"}}}}))
     with pytest.raises(ValueError, match="serve.local"):
         load_eval_config(str(p))
+
+
+def test_per_planner_runtime_overrides_reach_only_that_planners_cells(tmp_path):
+    from tests.fakes import FakeChatServer, text
+
+    p = tmp_path / "e.yaml"
+    bad = {"endpoint": {"base_url": "u", "model": "m"}, "runtime": {"t": 1}}
+    p.write_text(yaml.safe_dump({"planners": {"x": bad}}))
+    with pytest.raises(ValueError, match=r"planners.x.runtime.*\['t'\]"):
+        load_eval_config(str(p))
+    p.write_text(yaml.safe_dump({"planners": {"x": {"checkpoint": "d", "runtime": {"arm": "react"}}}}))
+    with pytest.raises(ValueError, match="planners.x.runtime"):
+        load_eval_config(str(p))
+    with FakeChatServer() as srv:
+        srv.default("planner", text("I will not call a tool."))  # every reply is rejected
+        ep = {"base_url": srv.base_url, "model": "fake", "max_retries": 0}
+        cfg = {
+            "split": "test",
+            "limit": 1,
+            "planners": {
+                "greedy": {"endpoint": ep, "runtime": {"max_steps": 3}},
+                "resampled": {"endpoint": ep, "runtime": {"max_steps": 3, "rejection_temperature": 0.5}},
+            },
+        }
+        p.write_text(yaml.safe_dump(cfg))
+        summary = run_eval(load_eval_config(str(p)), tmp_path / "out")
+        sent = [(b["temperature"], "seed" in b) for b in srv.role_requests("planner")]
+    assert sent == [(0.0, False)] * 3 + [(0.0, False), (0.5, True), (0.5, True)]  # the cells ran in config order
+    for name, n_sampled in (("greedy", 0), ("resampled", 2)):
+        cell = summary["cells"][f"{name}__ledger__annotations"]
+        assert cell["outcomes"]["budget_exhausted"] == 1 and cell["valid_action_rate"] == 0.0
+        cell_dir = tmp_path / "out" / "cells" / f"{name}__ledger__annotations"
+        rec = json.loads((cell_dir / "trajectories.jsonl").read_text())
+        assert sum("sampling" in s for s in rec["steps"]) == n_sampled
