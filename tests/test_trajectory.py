@@ -137,7 +137,6 @@ def test_config_hash_is_stable_and_sensitive():
     assert config_hash(RuntimeConfig(), {"planner": "m"}) != config_hash(RuntimeConfig(max_steps=9), {"planner": "m"})
 
 
-
 def test_rejection_temperature_off_keeps_the_config_hash_and_on_changes_it():
     """Resumable OUT dirs from before the key keep their hash; a re-sampling run is a different config."""
     import hashlib
