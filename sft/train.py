@@ -59,6 +59,14 @@ class SFTScriptArguments:
         default="decision,need_parse",
         metadata={"help": "comma-separated row kinds to train on: decision (planner actions), need_parse"},
     )
+    rename_copies: int = field(
+        default=0,
+        metadata={
+            "help": "embedded world only: add this many renamed copies of each train row, every invented name "
+            "replaced consistently by another (sft/augment.py), so only copying from the prompt predicts a name; "
+            "seeded by --seed; 0 = off"
+        },
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "cap on train rows (smoke runs)"})
     max_eval_samples: int | None = field(default=None, metadata={"help": "cap on eval rows"})
     merge: bool = field(default=True, metadata={"help": "write OUTPUT_DIR/merged (standalone checkpoint)"})
@@ -107,7 +115,7 @@ def load_model(path: str, dtype: torch.dtype, model_args: ModelConfig, script_ar
     raise ValueError(f"model_class must be causal_lm or qwen3_omni_thinker, got {script_args.model_class!r}")
 
 
-def load_sft_dataset(script_args: SFTScriptArguments) -> DatasetDict:
+def load_sft_dataset(script_args: SFTScriptArguments, seed: int = 0) -> DatasetDict:
     """The harvested rows reduced to TRL's prompt-completion columns (+ tools), filtered by kind.
 
     Messages are JSON-typed in Arrow (collect.harvest.message_features) so each tool call keeps exactly its own
@@ -131,6 +139,10 @@ def load_sft_dataset(script_args: SFTScriptArguments) -> DatasetDict:
             for r in d.select_columns(SFT_COLUMNS)
             for t in [r["tools"]]
         ]
+        if split == "train" and script_args.rename_copies:
+            from sft.augment import renamed_copies
+
+            rows += renamed_copies(rows, script_args.rename_copies, seed)
         features = {"prompt": message_features(), "completion": message_features(), "tools": Value("string")}
         if script_args.chat_template_kwargs:
             kwargs = json.loads(script_args.chat_template_kwargs)
@@ -312,7 +324,7 @@ def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, mod
         model_args.model_name_or_path = model_path
 
     # -- data and model
-    dataset = load_sft_dataset(script_args)
+    dataset = load_sft_dataset(script_args, seed=training_args.seed)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = load_model(model_path, dtype, model_args, script_args)
     if "eval" not in dataset:
