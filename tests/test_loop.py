@@ -144,17 +144,23 @@ def test_garbage_planner_output_becomes_model_errors_and_the_run_continues(srv):
     assert "rejected (unknown_tool)" in rec["steps"][4]["planner_input"]["messages"][1]["content"]
 
 
-def test_a_reversed_time_range_is_a_rejected_reply_not_a_failed_attempt_on_the_need(srv):
-    # schema-valid, but it ends before it starts: three of these used to be tool errors that made the need unfillable
-    tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
+def _script_reversed_ranges_then_answer(srv, n_bad: int):
+    """The planner sends `n_bad` subtitle calls whose time range ends before it starts (rejected), then the fixed
+    call, a web search and the answer 1999, which the critics accept."""
     bad = {"query": "banner", "asset_id": "v1", "time_range": [60.0, 30.0], "need_index": 0}
-    srv.script("planner", *[tool_call("subtitle_grounding", bad)] * 3)
+    srv.script("planner", *[tool_call("subtitle_grounding", bad)] * n_bad)
     srv.script("planner", tool_call("subtitle_grounding", bad | {"time_range": [30.0, 60.0]}))
     srv.script("planner", tool_call("web_search", {"query": "Acme founded", "need_index": 1}))
     srv.script("planner", tool_call("finish", {"answer": "1999"}))
     srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
     srv.script("finalizer", text("1999"))
     srv.script("answer_critic", answer_critic(True))
+
+
+def test_a_reversed_time_range_is_a_rejected_reply_not_a_failed_attempt_on_the_need(srv):
+    # schema-valid, but it ends before it starts: three of these used to be tool errors that made the need unfillable
+    tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
+    _script_reversed_ranges_then_answer(srv, 3)
     rec = run(srv, toolbox=tb)
     errs = [e for e in all_events(rec) if e["kind"] in ("model_error", "tool_error")]
     assert [e["error"] for e in errs] == ["bad_arguments"] * 3 and "ends before it starts" in errs[0]["detail"]
@@ -172,14 +178,7 @@ def test_a_reversed_time_range_is_a_rejected_reply_not_a_failed_attempt_on_the_n
 def test_after_a_rejected_reply_the_planner_is_resampled_only_when_configured(srv, temperature):
     from collect.loop import resample_seed
 
-    bad = {"query": "banner", "asset_id": "v1", "time_range": [60.0, 30.0], "need_index": 0}
-    srv.script("planner", *[tool_call("subtitle_grounding", bad)] * 2)
-    srv.script("planner", tool_call("subtitle_grounding", bad | {"time_range": [30.0, 60.0]}))
-    srv.script("planner", tool_call("web_search", {"query": "Acme founded", "need_index": 1}))
-    srv.script("planner", tool_call("finish", {"answer": "1999"}))
-    srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
-    srv.script("finalizer", text("1999"))
-    srv.script("answer_critic", answer_critic(True))
+    _script_reversed_ranges_then_answer(srv, 2)
     rec = run(srv, rejection_temperature=temperature)
     assert rec["outcome"] == "accepted"
     sent = [(b["temperature"], b.get("seed")) for b in srv.role_requests("planner")]
