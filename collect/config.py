@@ -120,6 +120,14 @@ class RuntimeConfig:
             "temperature 0). A greedy planner otherwise tends to repeat the rejected call on the near-identical state"
         },
     )
+    reject_futile_calls: bool = field(
+        default=False,
+        metadata={
+            "help": "true: a planner tool call the ledger says cannot advance (collect.ledger.can_advance: an exact "
+            "repeat of a call that made no progress, a need that is not actionable) is a rejected reply "
+            "(futile_call), not a step spent on the tool; ledger and memory arms. false = the paper's runtime"
+        },
+    )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
 
     def __post_init__(self):
@@ -287,8 +295,9 @@ class CollectConfig:
         # the default world size stays out: hashes (and resumable OUTs) from before the key are unchanged
         if d["tasks"].get("n_tasks") == DEFAULT_N_TASKS:
             d["tasks"].pop("n_tasks")
-        if not d["runtime"].get("rejection_temperature"):  # likewise the default (off) re-sampling
-            d["runtime"].pop("rejection_temperature", None)
+        for key in ("rejection_temperature", "reject_futile_calls"):  # likewise runtime options at their off default
+            if not d["runtime"].get(key):
+                d["runtime"].pop(key, None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -32,6 +32,9 @@ Model errors (unparseable reply, unknown tool, bad arguments, unreadable critic 
 events and the loop goes on; anything else (transport errors after retries, bugs) raises. With
 RuntimeConfig.rejection_temperature > 0, the planner calls after a rejected reply (until one is valid) are sampled at
 that temperature, seeded by (task, step), instead of repeating the planner's own (greedy) decoding; off by default.
+With RuntimeConfig.reject_futile_calls, a tool call that `can_advance` says cannot move the ledger (a repeat of a call
+that made no progress, a need that is not actionable) is rejected the same way (ModelError futile_call); off by
+default.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from collect.ledger import (
     any_action_can_advance,
     canonical_args,
     event_to_dict,
+    futile_reason,
     infer_target,
     initial_ledger,
     plain,
@@ -214,6 +218,10 @@ async def run_task(
                 raise ActionError("oversized", f"reply of {reply_chars} characters > {lim.max_reply_chars}")
             action = parse_action(reply_text, reply_calls, max_depth=lim.max_json_depth)
             validate_action(action, tools)
+            if cfg.reject_futile_calls and cfg.arm != "react" and action.name != "finish":
+                why = futile_reason(action.name, action.arguments, r0, ledger_before)
+                if why is not None:
+                    raise ActionError("futile_call", why)
         except ActionError as e:
             detail = bounds.clean_text(e.detail, 500)
             run.apply(ModelError(e.kind, detail, role="planner"))

@@ -194,6 +194,40 @@ def test_after_a_rejected_reply_the_planner_is_resampled_only_when_configured(sr
     ] * 2
 
 
+@pytest.mark.parametrize("reject", [False, True])
+def test_a_repeat_of_a_call_that_made_no_progress_is_rejected_only_when_configured(srv, reject):
+    from collect.ledger import call_signature, canonical_args
+
+    sub = {"query": "banner", "asset_id": "v1", "need_index": 0}
+    search = {"query": "Acme founded", "need_index": 1}
+    srv.script("planner", tool_call("subtitle_grounding", sub), *[tool_call("web_search", search)] * 2)
+    srv.script("planner", tool_call("web_search", {"query": "Acme founding year", "need_index": 1}))
+    srv.script("planner", tool_call("finish", {"answer": "1999"}))
+    # the first search finds nothing; a second identical one (no flag) finds nothing again; the reworded one fills it
+    srv.script("critic", critic(updates=[fill(0, "Acme")]), critic(), *[critic()] * (not reject))
+    srv.script("critic", critic("SUFFICIENT", [fill(1, "1999")]))
+    srv.script("finalizer", text("1999"))
+    srv.script("answer_critic", answer_critic(True))
+    rec = run(srv, reject_futile_calls=reject)
+    assert rec["outcome"] == "accepted"
+    assert len(srv.role_requests("critic")) == (3 if reject else 4)  # the critic and the tool never see the repeat
+    third = rec["steps"][2]
+    assert call_signature("web_search", canonical_args(search)) in third["ledger_before"]["failed_calls"]
+    errs = [e for e in third["events"] if e["kind"] == "model_error"]
+    if reject:
+        assert [e["error"] for e in errs] == ["futile_call"] and "already made" in errs[0]["detail"]
+        assert third.get("action") is None and rec["steps"][3]["latest_observation"].startswith(
+            "Your previous reply was"
+        )
+        assert (
+            third["ledger_before"]["needs"][1]["attempts"]
+            == 1
+            == rec["steps"][3]["ledger_before"]["needs"][1]["attempts"]
+        )  # a rejected reply is not a failed attempt on the need
+    else:
+        assert errs == [] and third["action"]["arguments"] == search
+
+
 def test_unreadable_critic_output_is_an_insufficient_verdict_and_a_critic_model_error(srv):
     srv.script(
         "planner", tool_call("web_search", {"query": "a", "need_index": 0}), tool_call("finish", {"answer": "?"})

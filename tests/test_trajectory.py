@@ -137,7 +137,7 @@ def test_config_hash_is_stable_and_sensitive():
     assert config_hash(RuntimeConfig(), {"planner": "m"}) != config_hash(RuntimeConfig(max_steps=9), {"planner": "m"})
 
 
-def test_rejection_temperature_off_keeps_the_config_hash_and_on_changes_it():
+def test_runtime_options_off_keep_the_config_hash_and_on_change_it():
     """Resumable OUT dirs from before the key keep their hash; a re-sampling run is a different config."""
     import hashlib
 
@@ -148,8 +148,10 @@ def test_rejection_temperature_off_keeps_the_config_hash_and_on_changes_it():
     for k in ("limit", "progress", "harvest", "name", "workers", "shard"):
         d.pop(k)
     d["tasks"].pop("n_tasks")
-    assert d["runtime"].pop("rejection_temperature") == 0.0  # the hash of the default is the hash without the key
+    assert d["runtime"].pop("rejection_temperature") == 0.0  # the hash of the default is the hash without the keys
+    assert d["runtime"].pop("reject_futile_calls") is False
     assert default.hash() == hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
     assert CollectConfig(runtime=RuntimeConfig(rejection_temperature=0.7)).hash() != default.hash()
+    assert CollectConfig(runtime=RuntimeConfig(reject_futile_calls=True)).hash() != default.hash()
     with pytest.raises(ValueError, match="rejection_temperature must be in"):
         RuntimeConfig(rejection_temperature=-0.1)
