@@ -49,6 +49,8 @@ def test_a_larger_world_only_adds_tasks_and_keeps_the_default_hash():
     for k in ("limit", "progress", "harvest", "name", "workers", "shard"):
         d.pop(k)
     assert d["tasks"].pop("n_tasks") == 360  # the hash of a default-size recipe is the hash without the key
+    for key in ("rejection_temperature", "reject_futile_calls"):  # off runtime options stay out too (test_trajectory)
+        assert not d["runtime"].pop(key)
     assert default.hash() == hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
     assert CollectConfig(tasks=TaskSource(n_tasks=720)).hash() != default.hash()
 
