@@ -52,3 +52,14 @@ def test_ci_runs_exactly_the_readme_test_command():
     cmd = [ln for ln in ci if ln and not ln.startswith(("#", "set "))]
     assert cmd == ["make test"]
     assert "make test" in (ROOT / "README.md").read_text()
+
+
+def test_every_cpu_pin_is_the_installed_version():
+    """constraints/cpu.txt pins the whole CPU stack (reproducible fresh clones): an install made with it has exactly
+    those versions, so a pin that pip could not honour, or a venv made without it, shows here."""
+    from importlib.metadata import version
+
+    pins = [ln.split("==") for ln in (ROOT / "constraints/cpu.txt").read_text().splitlines() if "==" in ln]
+    assert len(pins) > 50 and {"transformers", "trl", "peft", "datasets", "tokenizers"} <= {n for n, _ in pins}
+    wrong = {n: (v, version(n)) for n, v in pins if version(n).split("+")[0] != v}
+    assert not wrong
