@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXT = 4096  # the model's max_position_embeddings: prompt + max_tokens must fit
 SHORT = [{"role": "user", "content": "hi"}]  # a handful of tokens
-LONG_GEN = CONTEXT - 64  # the longest legal completion for SHORT: ~10-20 s on this CPU
+LONG_GEN = CONTEXT - 64  # the longest legal completion for SHORT: ~3-20 s on a CPU, by load
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +286,9 @@ def test_client_disconnect_stops_its_generation(checkpoint):
         assert r.status_code == 200 and time.monotonic() - t < 4
         h = _health(srv)
         assert h["cancelled"] == 1 and h["generating"] == 0
-        assert h["generated_tokens"] < LONG_GEN / 2
+        # the model never stops by itself, so an uncancelled generation is LONG_GEN tokens (+2 for the request
+        # above); a fixed fraction would be a timing bound (this 1-layer model makes ~1,300 tokens/s on an idle core)
+        assert h["generated_tokens"] < LONG_GEN
 
 
 def test_config_limits_are_read_and_unknown_keys_refused(tmp_path):
