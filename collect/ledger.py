@@ -772,6 +772,11 @@ def _tool_serves_asset(tool: str, r0: TaskContext, asset_id: Any) -> bool:
     return a is not None and tool in PERCEPTION_TOOLS[a.type]
 
 
+def open_targets(s: Ledger) -> set[int]:
+    """Need indices a call may target now: actionable needs and needs with an unresolved conflict."""
+    return set(s.actionable_indices()) | {c.need_index for c in s.unresolved_conflicts()}
+
+
 def can_advance(tool: str, arguments: dict | None, r0: TaskContext, s: Ledger) -> bool:
     """Could this action move the ledger forward? (allowed for R0's assets, within budget, targets an open need /
     empty slot / unresolved conflict, and not a call that already failed)."""
@@ -784,7 +789,7 @@ def can_advance(tool: str, arguments: dict | None, r0: TaskContext, s: Ledger) -
         return False
     if call_signature(tool, canonical_args(arguments)) in s.failed_calls:
         return False
-    targets = set(s.actionable_indices()) | {c.need_index for c in s.unresolved_conflicts()}
+    targets = open_targets(s)
     tgt = arguments.get("need_index")
     if tgt is not None:
         return isinstance(tgt, int) and tgt in targets
@@ -799,7 +804,7 @@ def futile_reason(tool: str, arguments: dict | None, r0: TaskContext, s: Ledger)
     arguments = arguments or {}
     if call_signature(tool, canonical_args(arguments)) in s.failed_calls:
         return "this exact call was already made and gave nothing new; change the query or pursue another need"
-    targets = sorted(set(s.actionable_indices()) | {c.need_index for c in s.unresolved_conflicts()})
+    targets = sorted(open_targets(s))
     if arguments.get("need_index") is not None and arguments.get("need_index") not in targets:
         return f"need_index {arguments.get('need_index')!r} is not actionable now (actionable: {targets})"
     return "the digest shows this call cannot advance any open need"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import re
 
+from collect.world.entities import Gen
 from collect.world.vocab import CODAS, MIDS, ONSETS
 
 
@@ -60,10 +61,10 @@ def rename_row(row: dict, rng: random.Random) -> dict | None:
     words = list(dict.fromkeys(w for s in _strings(row) for w in NAME_WORD.findall(s)))
     if not words:
         return None
-    taken, mapping = set(words), {}
+    gen, taken, mapping = Gen(rng), set(words), {}
     for w in words:
         while True:
-            new = rng.choice(ONSETS) + rng.choice(MIDS) + rng.choice(CODAS)
+            new = gen.word()  # the world's own name draw
             if new not in taken:
                 break
         taken.add(new)
