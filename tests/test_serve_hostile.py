@@ -20,9 +20,11 @@ from sft.tiny import build_tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
-CONTEXT = 4096  # the model's max_position_embeddings: prompt + max_tokens must fit
+# the model's max_position_embeddings: prompt + max_tokens must fit. Large, so that a LONG_GEN generation outlasts
+# every client timeout below on any machine: with 4096 a fast CI core finished the 4,032 tokens inside 4 s
+CONTEXT = 32768
 SHORT = [{"role": "user", "content": "hi"}]  # a handful of tokens
-LONG_GEN = CONTEXT - 64  # the longest legal completion for SHORT: ~3-20 s on a CPU, by load
+LONG_GEN = CONTEXT - 64  # the longest legal completion for SHORT: > 20 s on a CPU (~1,300 tokens/s at best)
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +282,7 @@ def test_client_disconnect_stops_its_generation(checkpoint):
     with LocalServer(checkpoint) as srv:
         with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1.5 s and closes its connection
             _post(srv, max_tokens=LONG_GEN, timeout=1.5)
-        # the next request is served right away, not after the abandoned ~4000-token generation
+        # the next request is served right away, not after the abandoned ~32,700-token generation
         t = time.monotonic()
         r = _post(srv, max_tokens=2, timeout=8)
         assert r.status_code == 200 and time.monotonic() - t < 4
