@@ -15,6 +15,9 @@ import jsonschema
 from collect import bounds
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+# Value references (RuntimeConfig.value_refs): "{need:K}" inside a query stands for the filled value of need K.
+VALUE_REF_RE = re.compile(r"\{need:(\d+)\}")
+VALUE_REF_KEYS = ("query",)  # the string arguments a reference may appear in
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,41 @@ def _check_beyond_schema(action: Action) -> None:
     for key in ("query", "code"):
         if type(args.get(key)) is str and not args[key].strip():
             raise ActionError("bad_arguments", f"{action.name}.{key}: must not be blank")
+
+
+def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
+    """The action with every "{need:K}" in its query replaced by `values[K]` (the filled needs' values: Ledger
+    .filled_values()); the same action when it has none. A reference to a need with no value is the planner's
+    malformed call: ActionError bad_arguments, naming the needs that have one. The one resolver of the runtime (loop)
+    and the `valid` reward."""
+    args = action.arguments
+    out = dict(args)
+    for key in VALUE_REF_KEYS:
+        text = args.get(key)
+        if type(text) is not str or "{need:" not in text:
+            continue
+        missing = sorted({int(k) for k in VALUE_REF_RE.findall(text) if int(k) not in values})
+        if missing:
+            have = ", ".join(str(k) for k in sorted(values)) or "none"
+            raise ActionError(
+                "bad_arguments",
+                f"{action.name}.{key}: {{need:{missing[0]}}} names need {missing[0]}, which has no value "
+                f"(needs with a value: {have})",
+            )
+        out[key] = VALUE_REF_RE.sub(lambda m: values[int(m.group(1))], text)
+    return action if out == args else Action(action.name, out)
+
+
+def write_value_refs(action: Action, values: dict[int, str]) -> Action:
+    """The inverse the offline teacher uses: each of `values` (need index -> value) found verbatim in the query is
+    written as "{need:K}", longest value first; resolve_value_refs(write_value_refs(a, v), v) == a."""
+    text = action.arguments.get("query")
+    if type(text) is not str:
+        return action
+    for k, v in sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        if v and "{need:" not in v and v in text:
+            text = text.replace(v, f"{{need:{k}}}")
+    return action if text == action.arguments["query"] else Action(action.name, {**action.arguments, "query": text})
 
 
 def validate_action(action: Action, tools: list[dict]) -> None:

@@ -128,6 +128,15 @@ class RuntimeConfig:
             "(futile_call), not a step spent on the tool; ledger and memory arms. false = the paper's runtime"
         },
     )
+    value_refs: bool = field(
+        default=False,
+        metadata={
+            "help": "true: the ledger arm's planner prompt offers value references, {need:K} in a tool call's query "
+            "stands for the filled value of need K and the runtime substitutes it before validation and the tool "
+            "(collect.actions.resolve_value_refs; a reference to a need with no value is a rejected reply); the "
+            "offline teacher then writes them for its upstream values. false = the paper's runtime"
+        },
+    )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
 
     def __post_init__(self):
@@ -146,6 +155,11 @@ class RuntimeConfig:
 
     def budget(self) -> Budget:
         return Budget(self.max_steps, self.max_revisions, self.unfillable_after)
+
+
+# Runtime options added after recipes were first hashed: at their off default (0 / false) they stay out of
+# CollectConfig.hash(), so the hashes (and resumable OUTs) of recipes that do not use them are unchanged.
+OFF_BY_DEFAULT_RUNTIME_KEYS = ("rejection_temperature", "reject_futile_calls", "value_refs")
 
 
 # The benchmarks' own hosting: searching them would leak gold answers.
@@ -295,7 +309,7 @@ class CollectConfig:
         # the default world size stays out: hashes (and resumable OUTs) from before the key are unchanged
         if d["tasks"].get("n_tasks") == DEFAULT_N_TASKS:
             d["tasks"].pop("n_tasks")
-        for key in ("rejection_temperature", "reject_futile_calls"):  # likewise runtime options at their off default
+        for key in OFF_BY_DEFAULT_RUNTIME_KEYS:  # likewise runtime options at their off default
             if not d["runtime"].get(key):
                 d["runtime"].pop(key, None)
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]

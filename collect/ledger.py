@@ -277,6 +277,12 @@ class Ledger:
     def unresolved_conflicts(self) -> list[Conflict]:
         return [c for c in self.conflicts if not c.resolved]
 
+    def filled_values(self) -> dict[int, str]:
+        """need index -> value of every filled need with a non-blank value: what a value reference {need:K} may name
+        (collect.actions.resolve_value_refs) and what the teacher's queries build on."""
+        filled = (n for n in self.needs if n.status == "filled" and n.value is not None)
+        return {n.index: str(n.value) for n in filled if str(n.value).strip()}
+
     def actionable_indices(self) -> list[int]:
         """Open needs whose dependencies are all terminal (filled or unfillable)."""
         return [n.index for n in self.needs if n.open and self._deps_terminal(n)]

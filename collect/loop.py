@@ -35,6 +35,9 @@ that temperature, seeded by (task, step), instead of repeating the planner's own
 With RuntimeConfig.reject_futile_calls, a tool call that `can_advance` says cannot move the ledger (a repeat of a call
 that made no progress, a need that is not actionable) is rejected the same way (ModelError futile_call); off by
 default.
+With RuntimeConfig.value_refs (ledger arm), the planner prompt offers value references: "{need:K}" in a query stands
+for need K's filled value and is substituted (collect.actions.resolve_value_refs) before validation, the futile-call
+check, the tool and the critic; the step keeps the action as written and adds `resolved_arguments`. Off by default.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import json
 from dataclasses import replace
 
 from collect import bounds
-from collect.actions import ActionError, parse_action, validate_action
+from collect.actions import ActionError, parse_action, resolve_value_refs, validate_action
 from collect.config import RuntimeConfig
 from collect.ledger import (
     INSUFFICIENT,
@@ -159,6 +162,7 @@ async def run_task(
     tools = render.tools_for(r0, toolbox.schemas())
     latest: str | None = None  # shown once to the planner at the next step
     resample = False  # the last planner reply was rejected (RuntimeConfig.rejection_temperature)
+    value_refs = cfg.value_refs and cfg.arm == "ledger"  # only the ledger arm's planner sees the needs' values
     summary = ""  # memory arm
     history: list[dict] = []  # react arm
     steps: list[dict] = []
@@ -176,7 +180,14 @@ async def run_task(
 
         ledger_before = run.ledger
         messages = render.render_planner_messages(
-            r0, ledger_before, latest, cfg.arm, max_observation_chars=max_obs, summary=summary, history=history
+            r0,
+            ledger_before,
+            latest,
+            cfg.arm,
+            max_observation_chars=max_obs,
+            summary=summary,
+            history=history,
+            value_refs=value_refs,
         )
         sampling = (
             {"temperature": cfg.rejection_temperature, "seed": resample_seed(r0.task_id, ledger_before.steps + 1)}
@@ -216,7 +227,9 @@ async def run_task(
         try:
             if oversized:
                 raise ActionError("oversized", f"reply of {reply_chars} characters > {lim.max_reply_chars}")
-            action = parse_action(reply_text, reply_calls, max_depth=lim.max_json_depth)
+            written = action = parse_action(reply_text, reply_calls, max_depth=lim.max_json_depth)
+            if value_refs:
+                action = resolve_value_refs(action, ledger_before.filled_values())
             validate_action(action, tools)
             if cfg.reject_futile_calls and cfg.arm != "react" and action.name != "finish":
                 why = futile_reason(action.name, action.arguments, r0, ledger_before)
@@ -234,7 +247,9 @@ async def run_task(
                 ]
             steps.append(_close_step(step, run))
             continue
-        step["action"] = action.to_dict()
+        step["action"] = written.to_dict()  # as the planner wrote it: what harvest and relabel train on
+        if action is not written:
+            step["resolved_arguments"] = action.arguments  # what the tool was called with (value references)
         resample = False
 
         if action.name == "finish":

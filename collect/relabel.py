@@ -32,6 +32,7 @@ from pathlib import Path
 from collect.actions import Action, ActionError, validate_action
 from collect.harvest import _save, decision_rows, split_of
 from collect.ledger import Asset, Budget, TaskContext, ledger_from_dict
+from collect.roles.render import offers_value_refs
 from collect.trajectory import iter_trajectories
 
 FORBIDDEN_SPLITS = ("test", "all", None)
@@ -76,7 +77,8 @@ def relabel_trajectory(traj: dict, round_: int, stats: Counter, teacher=None) ->
     for st in traj.get("steps", []):
         tools = st["planner_input"].get("tools") or []
         offered = [t.get("function", t)["name"] for t in tools]
-        action = teacher.choose(r0, ledger_from_dict(st["ledger_before"]), offered)
+        refs = offers_value_refs(st["planner_input"].get("messages") or [])  # the student's prompt offered them
+        action = teacher.choose(r0, ledger_from_dict(st["ledger_before"]), offered, value_refs=refs)
         try:
             validate_action(action, tools)
         except ActionError as e:  # the teacher's action must fit the step's schemas, or it teaches nothing

@@ -21,7 +21,7 @@ import re
 import unicodedata
 from datetime import datetime
 
-from collect.actions import Action
+from collect.actions import Action, write_value_refs
 from collect.ledger import (
     INSUFFICIENT,
     PERCEPTION_TOOLS,
@@ -39,6 +39,7 @@ from collect.ledger import (
     ready,
 )
 from collect.roles.base import PlannerReply, Roles, Usage
+from collect.roles.render import offers_value_refs
 from collect.tasks import Task
 from collect.world.compute import program
 
@@ -378,10 +379,20 @@ class TeacherPlanner:
         seed: int | None = None,
     ) -> PlannerReply:  # deterministic: temperature / seed are ignored (it is never rejected)
         offered = [t.get("function", t)["name"] for t in tools] if tools else list(r0.tools())
-        action = self.choose(r0, ledger, offered)
+        action = self.choose(r0, ledger, offered, value_refs=offers_value_refs(messages))
         return PlannerReply(text=action.to_text(), tool_calls=[], usage=_usage())
 
-    def choose(self, r0: TaskContext, ledger: Ledger, offered: list[str]) -> Action:
+    def choose(self, r0: TaskContext, ledger: Ledger, offered: list[str], value_refs: bool = False) -> Action:
+        """The teacher's next call. value_refs (the prompt offers them, RuntimeConfig.value_refs): the filled values
+        of the target need's upstream needs are written as {need:K} in the query (collect.actions.write_value_refs)."""
+        action = self._choose(r0, ledger, offered)
+        i = action.arguments.get("need_index")
+        if not value_refs or not isinstance(i, int) or not 0 <= i < len(ledger.needs):
+            return action
+        filled = ledger.filled_values()
+        return write_value_refs(action, {d: filled[d] for d in ledger.needs[i].depends_on if d in filled})
+
+    def _choose(self, r0: TaskContext, ledger: Ledger, offered: list[str]) -> Action:
         if ready(ledger):
             return Action("finish", {"answer": final_value(r0, ledger)})
         contested = list(dict.fromkeys(c.need_index for c in ledger.unresolved_conflicts()))

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collect.actions import Action
+from collect.actions import Action, ActionError, resolve_value_refs
 from collect.ledger import SOURCE_TOOLS, Ledger, call_signature, canonical_args, normalize_value, ready
+from collect.roles.render import offers_value_refs
 from rewards.rules import check_candidate, completion_text, ledger_of, load_json_column
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,12 @@ class JudgeState:
     reference: dict
     tools: list
     key: str
+    value_refs: bool = False  # the state's prompt offers value references: candidate and reference are resolved
+
+    @property
+    def values(self) -> dict[int, str] | None:
+        """What a value reference may name here (None: the prompt offers none, "{need:K}" is literal text)."""
+        return self.ledger.filled_values() if self.value_refs else None
 
     @classmethod
     def from_columns(cls, row: dict) -> JudgeState:
@@ -87,8 +94,13 @@ class JudgeState:
         ledger_json = row["ledger"] if isinstance(row["ledger"], str) else json.dumps(row["ledger"], sort_keys=True)
         ref = load_json_column(row["reference_action"], "reference_action") or {}
         tools = load_json_column(row["tools"], "tools")
+        value_refs = bool(row.get("value_refs"))
+        if value_refs and ref.get("name"):  # the teacher's references, resolved as the runtime resolved them
+            ref = _resolved(ref, ledger_of(ledger_json))
         blob = json.dumps(
-            [row["question"], row["gold_answer"], ledger_json, ref, tools], sort_keys=True, ensure_ascii=False
+            [row["question"], row["gold_answer"], ledger_json, ref, tools, value_refs],
+            sort_keys=True,
+            ensure_ascii=False,
         )
         digest = row.get("digest") or ""
         return cls(
@@ -100,7 +112,16 @@ class JudgeState:
             reference=ref,
             tools=tools,
             key=hashlib.sha256(blob.encode()).hexdigest()[:24],
+            value_refs=value_refs,
         )
+
+
+def _resolved(ref: dict, ledger: Ledger) -> dict:
+    """The reference action with its value references resolved (kept as recorded if one names no value)."""
+    try:
+        return resolve_value_refs(Action(ref["name"], ref.get("arguments") or {}), ledger.filled_values()).to_dict()
+    except ActionError:
+        return ref
 
 
 def pair_key(state: JudgeState, text: str) -> str:
@@ -186,6 +207,8 @@ def _states(n: int, columns: dict) -> list[JudgeState]:
     out, seen = [], {}
     for i in range(n):
         row = {c: columns[c][i] for c in (*STATE_COLUMNS, "digest") if c in columns}
+        if "prompts" in columns:  # GRPO's rendered prompts: do they offer value references?
+            row["value_refs"] = offers_value_refs(columns["prompts"][i])
         k = json.dumps(row, sort_keys=True, default=str)
         if k not in seen:
             seen[k] = JudgeState.from_columns(row)
@@ -283,7 +306,7 @@ class OfflineJudge(Judge):
     name = "offline_judge"
 
     async def _judge(self, state: JudgeState, completion: Any, text: str) -> JudgeScore | None:
-        action, error = check_candidate(completion, state.tools)
+        action, error = check_candidate(completion, state.tools, state.values)
         return offline_scores(state, action, error)
 
 
@@ -358,7 +381,7 @@ class OpenAIJudge(Judge):
         return got[0]
 
     def render(self, state: JudgeState, completion: Any, text: str) -> str:
-        action, error = check_candidate(completion, state.tools)
+        action, error = check_candidate(completion, state.tools, state.values)
         parsed = (json.dumps(action.to_dict(), ensure_ascii=False) if action is not None else "(does not parse)") + (
             f"  [invalid: {error}]" if error else ""
         )

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from collect.actions import Action, ActionError, parse_action, validate_action
+from collect.actions import Action, ActionError, parse_action, resolve_value_refs, validate_action
 from collect.ledger import Ledger, ledger_from_dict, ready
+from collect.roles.render import offers_value_refs
 
 
 def completion_text(completion: Any) -> str:
@@ -54,13 +55,19 @@ def parse_candidate(completion: Any) -> Action | None:
         return None
 
 
-def check_candidate(completion: Any, tools: list[dict]) -> tuple[Action | None, str | None]:
-    """(action, None) when the completion is a valid action for this tool set, else (action-or-None, error kind)."""
+def check_candidate(
+    completion: Any, tools: list[dict], values: dict[int, str] | None = None
+) -> tuple[Action | None, str | None]:
+    """(action, None) when the completion is a valid action for this tool set, else (action-or-None, error kind).
+    values (the state's prompt offers value references: Ledger.filled_values()): "{need:K}" references are resolved
+    first, as the runtime does, and the resolved action is returned; a reference to a need with no value is invalid."""
     try:
         action = parse_action(completion_text(completion), completion_tool_calls(completion))
     except ActionError as e:
         return None, e.kind
     try:
+        if values is not None:
+            action = resolve_value_refs(action, values)
         validate_action(action, tools)
     except ActionError as e:
         return action, e.kind
@@ -75,11 +82,15 @@ def ledger_of(value: Any) -> Ledger:
 def valid(completions: list, tools: list, **kwargs) -> list[float | None]:
     """1 when the completion parses as exactly one action, the tool is in this state's tool set and the arguments
     satisfy its JSON schema and what the tools refuse beyond it (collect.actions.validate_action: a time_range that
-    ends before it starts, a blank query or code); else 0. Guards the action format against drift during RL."""
+    ends before it starts, a blank query or code); else 0. Guards the action format against drift during RL. Where the
+    state's prompt (``prompts``, as GRPO passes it) offers value references, they are resolved against the ``ledger``
+    column first (a reference to a need with no value: 0)."""
     out: list[float | None] = []
-    for completion, tools_json in zip(completions, tools, strict=True):
+    prompts, ledgers = kwargs.get("prompts"), kwargs.get("ledger")
+    for i, (completion, tools_json) in enumerate(zip(completions, tools, strict=True)):
         schemas = load_json_column(tools_json, "tools")
-        _, err = check_candidate(completion, schemas)
+        refs = prompts is not None and ledgers is not None and offers_value_refs(prompts[i])
+        _, err = check_candidate(completion, schemas, ledger_of(ledgers[i]).filled_values() if refs else None)
         out.append(1.0 if err is None else 0.0)
     return out
 

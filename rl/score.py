@@ -66,12 +66,13 @@ def _load_split(dataset_dir: str, split: str):
     return dd[split]
 
 
-def _rewards(completions: list[str], ds, training) -> tuple[dict, dict]:
-    """Every reward component of `completions` (aligned with the states `ds`), and the means: weighted total first."""
+def _rewards(completions: list[str], ds, training, prompts: list[str]) -> tuple[dict, dict]:
+    """Every reward component of `completions` (aligned with the states `ds`, whose rendered prompts are `prompts`,
+    passed as GRPO passes them), and the means: weighted total first."""
     from rewards import score_components, total
     from rl.train import named_weights
 
-    columns = {k: ds[k] for k in ds.column_names if k != "prompt"}
+    columns = {k: ds[k] for k in ds.column_names if k != "prompt"} | {"prompts": list(prompts)}
     comps = asyncio.run(score_components(completions, columns))
     means = {"total": _mean(total(comps, named_weights(training.reward_weights)))}
     return comps, means | {k: _mean(v) for k, v in comps.items()}
@@ -125,7 +126,7 @@ def score(
     """Greedy-decode one decision for each of the first n states of `split` and average every reward component."""
     ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config)
     completions = _decode(policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size)
-    comps, means = _rewards(completions, ds, training)
+    comps, means = _rewards(completions, ds, training, texts)
     matches = reference_matches(completions, ds["reference_action"])
     result = {
         "model": model,
@@ -170,7 +171,7 @@ def group_reach(
     )
     expanded = ds.select([i for i in range(len(ds)) for _ in range(k)])  # each state once per sample, in order
     refs = expanded["reference_action"]
-    comps, means = _rewards(completions, expanded, training)
+    comps, means = _rewards(completions, expanded, training, [t for t in texts for _ in range(k)])
     totals = [0.0 if t is None else t for t in total(comps, named_weights(training.reward_weights))]
     per_sample = [reference_matches([c], [r]) for c, r in zip(completions, refs, strict=True)]
     groups = [range(i * k, (i + 1) * k) for i in range(len(ds))]
@@ -231,7 +232,7 @@ def reward_sensitivity(dataset_dir: str, split: str = "train", n: int = 300, con
     use_judge(build_judge(script.judge))
     out: dict = {"dataset_dir": dataset_dir, "split": split, "n": len(ds)}
     for name, completions in variants.items():
-        out[name] = _rewards(completions, ds, training)[1]
+        out[name] = _rewards(completions, ds, training, ds["prompt"])[1]  # messages: offers_value_refs reads both
     return out
 
 

@@ -52,6 +52,23 @@ def tools_for(r0: TaskContext, schemas: list[dict]) -> list[dict]:
     return out + [FINISH_SCHEMA]
 
 
+# The ledger arm's planner prompt with RuntimeConfig.value_refs ends with this rule; a planner (the offline teacher,
+# relabelling) knows the references are offered from its prompt: offers_value_refs.
+VALUE_REFS_RULE = (
+    'Value references: in a query, "{need:K}" stands for the value of filled need K and is replaced by it before the '
+    'tool runs; write it instead of copying the value, e.g. "{need:0} market town".\n'
+)
+
+
+def offers_value_refs(prompt: list[dict] | str | None) -> bool:
+    """Whether a planner prompt offers value references: its messages (a recorded step's planner_input, an RL state's
+    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions)."""
+    if isinstance(prompt, str):
+        return VALUE_REFS_RULE in prompt
+    system = prompt[0] if prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system" else {}
+    return VALUE_REFS_RULE in (system.get("content") or "")
+
+
 def _sys(name: str) -> dict:
     return {"role": "system", "content": load_prompt(name)}
 
@@ -69,6 +86,7 @@ def render_planner_messages(
     max_observation_chars: int = MAX_OBSERVATION_CHARS,
     summary: str = "",
     history: list[dict] | None = None,
+    value_refs: bool = False,
 ) -> list[dict]:
     """The planner's chat input.
 
@@ -78,7 +96,10 @@ def render_planner_messages(
     obs = truncate(latest_observation, max_observation_chars) if latest_observation else "(none yet)"
     if arm == "ledger":
         user = f"{render_r0(r0)}\n\nEvidence state digest:\n{render_digest(r0, ledger)}\n\nLatest observation:\n{obs}"
-        return [_sys("planner"), {"role": "user", "content": user}]
+        system = _sys("planner")
+        if value_refs:  # RuntimeConfig.value_refs: one more rule, after the prompt's own
+            system["content"] = system["content"].rstrip("\n") + "\n" + VALUE_REFS_RULE
+        return [system, {"role": "user", "content": user}]
     if arm == "memory":
         user = f"{render_r0(r0)}\n\nSummary so far:\n{summary or '(empty)'}\n\nLatest observation:\n{obs}"
         return [_sys("planner_memory"), {"role": "user", "content": user}]

@@ -1,0 +1,210 @@
+"""Value references (RuntimeConfig.value_refs): "{need:K}" in a query stands for need K's filled value.
+
+Checked on the real loop (the shipped recipe configs/collect/embedded_1800_refs.yaml, the offline teacher), on a
+scripted OpenAI-compatible planner over loopback (references it gets wrong included), on relabelling and on the
+rewards, against the same runs with the option off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from collect.actions import Action, ActionError, resolve_value_refs, write_value_refs
+from collect.loop import ToolFailure
+from collect.roles.render import VALUE_REFS_RULE, offers_value_refs
+from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
+from tests.helpers.loop_script import answer_critic, critic, fill, needs_reply, run
+
+ROOT = Path(__file__).resolve().parents[1]
+N_TASKS = 30
+
+
+# ---- the resolver --------------------------------------------------------------------------------------------------
+
+
+def test_a_reference_is_replaced_by_the_needs_value_and_nothing_else_changes():
+    a = Action("web_search", {"query": "{need:0} market town {need:2}", "need_index": 3})
+    got = resolve_value_refs(a, {0: "Kovdale Growers' Cooperative", 2: "1999"})
+    assert got.arguments == {"query": "Kovdale Growers' Cooperative market town 1999", "need_index": 3}
+    plain = Action("web_search", {"query": "Kovdale market town", "need_index": 1})
+    assert resolve_value_refs(plain, {0: "x"}) is plain  # no reference: the very same action
+    code = Action("code_executor", {"code": "print('{need:0}')", "need_index": 1})
+    assert resolve_value_refs(code, {0: "x"}) is code  # only queries take references
+
+
+@pytest.mark.parametrize(
+    "query", ["{need:1} town", "{need:7}", "{need:99999999999999999999} x", "a {need:0} {need:1}"]
+)
+def test_a_reference_to_a_need_without_a_value_is_a_bad_argument_naming_it(query):
+    with pytest.raises(ActionError) as e:
+        resolve_value_refs(Action("web_search", {"query": query, "need_index": 1}), {0: "Acme"})
+    assert e.value.kind == "bad_arguments" and "which has no value" in e.value.detail
+    assert "needs with a value: 0" in e.value.detail
+
+
+def test_resolution_is_one_pass_and_malformed_references_stay_text():
+    # a value that itself looks like a reference is not expanded again; near-misses are literal text
+    a = Action("web_search", {"query": "{need:0} {need: 1} {need:x} {need:1", "need_index": 2})
+    got = resolve_value_refs(a, {0: "{need:1}", 1: "never"})
+    assert got.arguments["query"] == "{need:1} {need: 1} {need:x} {need:1"
+
+
+def test_write_then_resolve_gives_back_the_teachers_query():
+    values = {0: "Kovdale", 1: "Kovdale Growers' Cooperative"}
+    a = Action("web_search", {"query": "Kovdale Growers' Cooperative market town", "need_index": 2})
+    written = write_value_refs(a, values)
+    assert written.arguments["query"] == "{need:1} market town"  # the longest value first
+    assert resolve_value_refs(written, values) == a
+
+
+# ---- the real loop, the offline teacher and harvest ---------------------------------------------------------------
+
+
+def _collect(tmp_path, value_refs: bool) -> tuple[list[dict], Path]:
+    from collect.config import load_config
+    from collect.run import run_collection
+    from collect.trajectory import read_trajectories
+
+    cfg = load_config(ROOT / "configs/collect/embedded_1800_refs.yaml", {"limit": N_TASKS, "progress": False})
+    assert cfg.runtime.value_refs is True  # the shipped recipe turns it on
+    if not value_refs:
+        import dataclasses
+
+        cfg.runtime = dataclasses.replace(cfg.runtime, value_refs=False)
+    out = tmp_path / ("on" if value_refs else "off")
+    summary = run_collection(cfg, out)
+    assert not summary["errored_tasks"]
+    return sorted(read_trajectories(out / "trajectories.jsonl"), key=lambda r: r["task_id"]), out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("refs")
+    return _collect(d, True), _collect(d, False)
+
+
+def test_the_teacher_writes_references_and_the_tools_get_the_values(runs):
+    (on, on_dir), (off, _) = runs
+    assert [r["task_id"] for r in on] == [r["task_id"] for r in off]
+    # the same outcomes and answers, step for step the same tool calls once resolved
+    assert [(r["outcome"], r["answer"], r["correct"]) for r in on] == [
+        (r["outcome"], r["answer"], r["correct"]) for r in off
+    ]
+    written = resolved = 0
+    for a, b in zip(on, off, strict=True):
+        assert len(a["steps"]) == len(b["steps"])
+        for sa, sb in zip(a["steps"], b["steps"], strict=True):
+            assert offers_value_refs(sa["planner_input"]["messages"]) and not offers_value_refs(
+                sb["planner_input"]["messages"]
+            )
+            assert "resolved_arguments" not in sb and "{need:" not in json.dumps(sb["action"])
+            args = sa.get("resolved_arguments", sa["action"]["arguments"])
+            assert args == sb["action"]["arguments"]  # what the tool was called with
+            if "{need:" in json.dumps(sa["action"]):
+                written += 1
+                resolved += "resolved_arguments" in sa and "{need:" not in json.dumps(sa["resolved_arguments"])
+    assert written >= 5 and resolved == written  # web searches on an upstream value, among others
+    assert sum(r["correct"] is True for r in on) >= N_TASKS - 1
+    # the SFT rows train on the written form: the references, not the values
+    from collect.harvest import harvest
+
+    harvest(on_dir / "trajectories.jsonl", on_dir / "data", eval_share=0.0)
+    rows = [json.loads(x) for x in (on_dir / "data" / "sft.train.jsonl").read_text().splitlines()]
+    completions = [json.dumps(r["completion"]) for r in rows if r["kind"] == "decision"]
+    assert sum("{need:" in c for c in completions) >= 3
+    assert all(VALUE_REFS_RULE in r["prompt"][0]["content"] for r in rows if r["kind"] == "decision")
+    from serve.report import task_viewer  # the report's task viewer shows what the tool got
+
+    assert "resolved arguments" in task_viewer(on) and "resolved arguments" not in task_viewer(off)
+
+
+def test_relabelling_labels_with_references_only_where_the_students_prompt_offers_them(runs):
+    from collections import Counter
+
+    from collect.relabel import relabel_trajectory
+
+    (on, _), (off, _) = runs
+    rows_on = [row for t in on for row in relabel_trajectory(t, 1, Counter())[0]]
+    rows_off = [row for t in off for row in relabel_trajectory(t, 1, Counter())[0]]
+    assert sum("{need:" in json.dumps(r["completion"]) for r in rows_on) >= 5
+    assert not any("{need:" in json.dumps(r["completion"]) for r in rows_off)
+
+
+def test_rewards_resolve_references_where_the_prompt_offers_them(runs):
+    from rewards import build_judge, use_judge
+    from rewards.judge import JudgeConfig, target
+    from rewards.rules import valid
+
+    (on, _), _ = runs
+    states = [
+        (s, t) for t in on for s in t["steps"] if s["action"] and "{need:" in s["action"]["arguments"].get("query", "")
+    ]
+    st = states[0][0]
+    tools = json.dumps(st["planner_input"]["tools"])
+    ledger = json.dumps(st["ledger_before"])
+    prompt = st["planner_input"]["messages"]
+    ref = st["action"]
+    with_value = Action(ref["name"], st["resolved_arguments"]).to_text()  # the value copied right
+    with_ref = Action(ref["name"], ref["arguments"]).to_text()
+    dangling = Action(ref["name"], {**ref["arguments"], "query": "{need:9} town"}).to_text()
+    cols = {"tools": [tools] * 3, "ledger": [ledger] * 3, "prompts": [prompt] * 3}
+    assert valid([with_value, with_ref, dangling], **cols) == [1.0, 1.0, 0.0]
+    # without the offer (no prompts), "{need:9}" is literal text: a valid query
+    assert valid([dangling], tools=[tools], ledger=[ledger]) == [1.0]
+    use_judge(build_judge(JudgeConfig()))  # the offline judge: reads the ledger, compares with the reference
+    state = {"question": ["q"] * 3, "gold_answer": ["g"] * 3, "reference_action": [json.dumps(ref)] * 3}
+    scores = asyncio.run(target([with_value, with_ref, dangling], **cols, **state))
+    assert scores[0] == scores[1] > 0 and scores[2] == 0.0  # a reference is worth its value; a dangling one nothing
+
+
+# ---- a scripted planner over loopback -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def srv():
+    with FakeChatServer() as s:
+        s.script("need_parser", needs_reply())
+        yield s
+
+
+def _script(srv, first_search: dict):
+    srv.script("planner", tool_call("subtitle_grounding", {"query": "banner", "asset_id": "v1", "need_index": 0}))
+    srv.script("planner", tool_call("web_search", first_search))
+    srv.script("planner", tool_call("web_search", {"query": "{need:0} founded", "need_index": 1}))
+    srv.script("planner", tool_call("finish", {"answer": "1999"}))
+    srv.script("critic", critic(updates=[fill(0, "Acme Mills")]), critic("SUFFICIENT", [fill(1, "1999")]))
+    srv.script("finalizer", text("1999"))
+    srv.script("answer_critic", answer_critic(True))
+
+
+def test_a_planner_reference_to_an_unfilled_need_is_rejected_and_a_good_one_reaches_the_tool(srv):
+    tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
+    _script(srv, {"query": "{need:1} history", "need_index": 1})  # need 1 is the one being looked for
+    rec = run(srv, toolbox=tb, value_refs=True)
+    assert rec["outcome"] == "accepted"
+    bad = rec["steps"][1]
+    errs = [e for e in bad["events"] if e["kind"] == "model_error"]
+    assert [e["error"] for e in errs] == ["bad_arguments"] and "{need:1}" in errs[0]["detail"]
+    assert bad["action"] is None and "Your previous reply was rejected" in rec["steps"][2]["latest_observation"]
+    good = rec["steps"][2]
+    assert good["action"]["arguments"]["query"] == "{need:0} founded"
+    assert good["resolved_arguments"]["query"] == "Acme Mills founded"
+    assert tb.calls[-1] == ("web_search", {"query": "Acme Mills founded", "need_index": 1})
+    assert VALUE_REFS_RULE in rec["steps"][0]["planner_input"]["messages"][0]["content"]
+
+
+def test_off_a_reference_is_literal_text_sent_to_the_tool(srv):
+    tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
+    srv.script("planner", tool_call("subtitle_grounding", {"query": "banner", "asset_id": "v1", "need_index": 0}))
+    srv.script("planner", tool_call("web_search", {"query": "{need:0} founded", "need_index": 1}))
+    srv.script("planner", tool_call("finish", {"answer": "1999"}))
+    srv.script("critic", critic(updates=[fill(0, "Acme Mills")]), critic("SUFFICIENT", [fill(1, "1999")]))
+    srv.script("finalizer", text("1999"))
+    srv.script("answer_critic", answer_critic(True))
+    rec = run(srv, toolbox=tb)
+    assert tb.calls[-1] == ("web_search", {"query": "{need:0} founded", "need_index": 1})
+    assert all("resolved_arguments" not in s for s in rec["steps"])
+    assert VALUE_REFS_RULE not in rec["steps"][0]["planner_input"]["messages"][0]["content"]
