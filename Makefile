@@ -139,6 +139,12 @@ SEEDS ?= 0 1
 MEASURE_COLLECT ?= configs/collect/embedded.yaml
 MEASURE_SFT ?= configs/sft/tiny.yaml
 MEASURE_ONPOLICY ?= configs/onpolicy/tiny.yaml
+MEASURE_HELDOUT ?= configs/collect/embedded.yaml
+MEASURE_EVAL ?= configs/eval/onpolicy.yaml
+# Value references (docs/training.md "Value references"): MEASURE_COLLECT=configs/collect/embedded_1800_refs.yaml
+# MEASURE_SFT=configs/sft/tiny_copy.yaml MEASURE_ONPOLICY=configs/onpolicy/tiny_refs.yaml
+# MEASURE_HELDOUT=configs/collect/embedded_refs.yaml MEASURE_EVAL=configs/eval/onpolicy_refs.yaml: per seed SFT
+# ~2,900 s, one on-policy round ~1,350 s (relabel 375 s, SFT 973 s), GRPO 236 s (2026-12-02, seed 0).
 measure: $(STAMP)  ## SEEDS="0 1" MEASURE_SFT= ...: untrained / SFT / SFT+on-policy / +RL on the 72 test tasks
 	$(PY) -m collect --config $(MEASURE_COLLECT) --out $(MEASURE)/collect --split train --no-progress
 	for s in $(SEEDS); do \
@@ -147,7 +153,7 @@ measure: $(STAMP)  ## SEEDS="0 1" MEASURE_SFT= ...: untrained / SFT / SFT+on-pol
 		$(PY) -m sft.onpolicy --config $(MEASURE_ONPOLICY) --model $(MEASURE)/sft-s$$s/merged \
 			--teacher-data $(MEASURE)/collect --seed $$s --out $(MEASURE)/onpolicy-s$$s || exit 1; \
 	done
-	$(PY) -m collect --config configs/collect/embedded.yaml --out $(MEASURE)/heldout/collect --split test --no-harvest \
+	$(PY) -m collect --config $(MEASURE_HELDOUT) --out $(MEASURE)/heldout/collect --split test --no-harvest \
 		--no-progress
 	$(PY) -m collect.harvest $(MEASURE)/heldout/collect/trajectories.jsonl --out $(MEASURE)/heldout/states --eval-share 0.0
-	$(PY) -m serve.eval --config configs/eval/onpolicy.yaml --out $(MEASURE)/eval
+	$(PY) -m serve.eval --config $(MEASURE_EVAL) --out $(MEASURE)/eval
