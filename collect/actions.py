@@ -200,6 +200,23 @@ def _check_beyond_schema(action: Action) -> None:
             raise ActionError("bad_arguments", f"{action.name}.{key}: must not be blank")
 
 
+# The ledger arm's planner prompt with RuntimeConfig.value_refs ends with this rule; a planner (the offline teacher,
+# relabelling) knows the references are offered from its prompt: offers_value_refs.
+VALUE_REFS_RULE = (
+    'Value references: in a query, "{need:K}" stands for the value of filled need K and is replaced by it before the '
+    'tool runs; write it instead of copying the value, e.g. "{need:0} market town".\n'
+)
+
+
+def offers_value_refs(prompt: list[dict] | str | None) -> bool:
+    """Whether a planner prompt offers value references: its messages (a recorded step's planner_input, an RL state's
+    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions)."""
+    if isinstance(prompt, str):
+        return VALUE_REFS_RULE in prompt
+    system = prompt[0] if prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system" else {}
+    return VALUE_REFS_RULE in (system.get("content") or "")
+
+
 def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
     """The action with every "{need:K}" in its query replaced by `values[K]` (the filled needs' values: Ledger
     .filled_values()); the same action when it has none. A reference to a need with no value is the planner's

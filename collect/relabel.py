@@ -29,10 +29,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from collect.actions import Action, ActionError, validate_action
+from collect.actions import Action, ActionError, offers_value_refs, validate_action
 from collect.harvest import _save, decision_rows, split_of
 from collect.ledger import Asset, Budget, TaskContext, ledger_from_dict
-from collect.roles.render import offers_value_refs
 from collect.trajectory import iter_trajectories
 
 FORBIDDEN_SPLITS = ("test", "all", None)

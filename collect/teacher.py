@@ -21,7 +21,7 @@ import re
 import unicodedata
 from datetime import datetime
 
-from collect.actions import Action, write_value_refs
+from collect.actions import Action, offers_value_refs, write_value_refs
 from collect.ledger import (
     INSUFFICIENT,
     PERCEPTION_TOOLS,
@@ -39,7 +39,6 @@ from collect.ledger import (
     ready,
 )
 from collect.roles.base import PlannerReply, Roles, Usage
-from collect.roles.render import offers_value_refs
 from collect.tasks import Task
 from collect.world.compute import program
 

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collect.actions import Action, ActionError, resolve_value_refs
+from collect.actions import Action, ActionError, offers_value_refs, resolve_value_refs
 from collect.ledger import SOURCE_TOOLS, Ledger, call_signature, canonical_args, normalize_value, ready
-from collect.roles.render import offers_value_refs
 from rewards.rules import check_candidate, completion_text, ledger_of, load_json_column
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from collect.actions import Action, ActionError, parse_action, resolve_value_refs, validate_action
+from collect.actions import (
+    Action,
+    ActionError,
+    offers_value_refs,
+    parse_action,
+    resolve_value_refs,
+    validate_action,
+)
 from collect.ledger import Ledger, ledger_from_dict, ready
-from collect.roles.render import offers_value_refs
 
 
 def completion_text(completion: Any) -> str:

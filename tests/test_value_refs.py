@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from collect.actions import Action, ActionError, resolve_value_refs, write_value_refs
+from collect.actions import (
+    VALUE_REFS_RULE,
+    Action,
+    ActionError,
+    offers_value_refs,
+    resolve_value_refs,
+    write_value_refs,
+)
 from collect.loop import ToolFailure
-from collect.roles.render import VALUE_REFS_RULE, offers_value_refs
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
 from tests.helpers.loop_script import answer_critic, critic, fill, needs_reply, run
 

@@ -11,6 +11,7 @@ import json
 from functools import cache
 from pathlib import Path
 
+from collect.actions import VALUE_REFS_RULE
 from collect.bounds import truncate  # one truncation rule for prompts and bounded role output
 from collect.config import MAX_OBSERVATION_CHARS
 from collect.ledger import Ledger, NormalizedObservation, TaskContext, render_digest
@@ -50,23 +51,6 @@ def tools_for(r0: TaskContext, schemas: list[dict]) -> list[dict]:
     offered = set(r0.tools())
     out = [s for s in schemas if s.get("function", s).get("name") in offered and s["function"]["name"] != "finish"]
     return out + [FINISH_SCHEMA]
-
-
-# The ledger arm's planner prompt with RuntimeConfig.value_refs ends with this rule; a planner (the offline teacher,
-# relabelling) knows the references are offered from its prompt: offers_value_refs.
-VALUE_REFS_RULE = (
-    'Value references: in a query, "{need:K}" stands for the value of filled need K and is replaced by it before the '
-    'tool runs; write it instead of copying the value, e.g. "{need:0} market town".\n'
-)
-
-
-def offers_value_refs(prompt: list[dict] | str | None) -> bool:
-    """Whether a planner prompt offers value references: its messages (a recorded step's planner_input, an RL state's
-    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions)."""
-    if isinstance(prompt, str):
-        return VALUE_REFS_RULE in prompt
-    system = prompt[0] if prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system" else {}
-    return VALUE_REFS_RULE in (system.get("content") or "")
 
 
 def _sys(name: str) -> dict:
