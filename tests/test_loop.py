@@ -13,7 +13,17 @@ from collect.llm import ClientPool
 from collect.loop import ToolFailure, run_task
 from collect.roles.openai_roles import parse_json_object, parse_verdict
 from tests.fakes import FakeChatServer, FakeToolBox, empty, text, tool_call, truncated_tool_call
-from tests.helpers.loop_script import R0, all_events, answer_critic, critic, fill, kinds, needs_reply, run
+from tests.helpers.loop_script import (
+    R0,
+    all_events,
+    answer_critic,
+    critic,
+    fill,
+    kinds,
+    needs_reply,
+    run,
+    script_anchor_then_year,
+)
 
 
 @pytest.fixture
@@ -148,13 +158,13 @@ def _script_reversed_ranges_then_answer(srv, n_bad: int):
     """The planner sends `n_bad` subtitle calls whose time range ends before it starts (rejected), then the fixed
     call, a web search and the answer 1999, which the critics accept."""
     bad = {"query": "banner", "asset_id": "v1", "time_range": [60.0, 30.0], "need_index": 0}
-    srv.script("planner", *[tool_call("subtitle_grounding", bad)] * n_bad)
-    srv.script("planner", tool_call("subtitle_grounding", bad | {"time_range": [30.0, 60.0]}))
-    srv.script("planner", tool_call("web_search", {"query": "Acme founded", "need_index": 1}))
-    srv.script("planner", tool_call("finish", {"answer": "1999"}))
-    srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
-    srv.script("finalizer", text("1999"))
-    srv.script("answer_critic", answer_critic(True))
+    script_anchor_then_year(
+        srv,
+        *[tool_call("subtitle_grounding", bad)] * n_bad,
+        tool_call("subtitle_grounding", bad | {"time_range": [30.0, 60.0]}),
+        tool_call("web_search", {"query": "Acme founded", "need_index": 1}),
+        tool_call("finish", {"answer": "1999"}),
+    )
 
 
 def test_a_reversed_time_range_is_a_rejected_reply_not_a_failed_attempt_on_the_need(srv):

@@ -21,8 +21,8 @@ from collect.actions import (
     write_value_refs,
 )
 from collect.loop import ToolFailure
-from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
-from tests.helpers.loop_script import answer_critic, critic, fill, needs_reply, run
+from tests.fakes import FakeChatServer, FakeToolBox, tool_call
+from tests.helpers.loop_script import needs_reply, run, script_anchor_then_year
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TASKS = 30
@@ -176,19 +176,15 @@ def srv():
         yield s
 
 
-def _script(srv, first_search: dict):
-    srv.script("planner", tool_call("subtitle_grounding", {"query": "banner", "asset_id": "v1", "need_index": 0}))
-    srv.script("planner", tool_call("web_search", first_search))
-    srv.script("planner", tool_call("web_search", {"query": "{need:0} founded", "need_index": 1}))
-    srv.script("planner", tool_call("finish", {"answer": "1999"}))
-    srv.script("critic", critic(updates=[fill(0, "Acme Mills")]), critic("SUFFICIENT", [fill(1, "1999")]))
-    srv.script("finalizer", text("1999"))
-    srv.script("answer_critic", answer_critic(True))
+SUBTITLE = tool_call("subtitle_grounding", {"query": "banner", "asset_id": "v1", "need_index": 0})
+BY_REF = tool_call("web_search", {"query": "{need:0} founded", "need_index": 1})
+FINISH = tool_call("finish", {"answer": "1999"})
 
 
 def test_a_planner_reference_to_an_unfilled_need_is_rejected_and_a_good_one_reaches_the_tool(srv):
     tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
-    _script(srv, {"query": "{need:1} history", "need_index": 1})  # need 1 is the one being looked for
+    dangling = tool_call("web_search", {"query": "{need:1} history", "need_index": 1})  # need 1: the one looked for
+    script_anchor_then_year(srv, SUBTITLE, dangling, BY_REF, FINISH, anchor="Acme Mills")
     rec = run(srv, toolbox=tb, value_refs=True)
     assert rec["outcome"] == "accepted"
     bad = rec["steps"][1]
@@ -204,12 +200,7 @@ def test_a_planner_reference_to_an_unfilled_need_is_rejected_and_a_good_one_reac
 
 def test_off_a_reference_is_literal_text_sent_to_the_tool(srv):
     tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
-    srv.script("planner", tool_call("subtitle_grounding", {"query": "banner", "asset_id": "v1", "need_index": 0}))
-    srv.script("planner", tool_call("web_search", {"query": "{need:0} founded", "need_index": 1}))
-    srv.script("planner", tool_call("finish", {"answer": "1999"}))
-    srv.script("critic", critic(updates=[fill(0, "Acme Mills")]), critic("SUFFICIENT", [fill(1, "1999")]))
-    srv.script("finalizer", text("1999"))
-    srv.script("answer_critic", answer_critic(True))
+    script_anchor_then_year(srv, SUBTITLE, BY_REF, FINISH, anchor="Acme Mills")
     rec = run(srv, toolbox=tb)
     assert tb.calls[-1] == ("web_search", {"query": "{need:0} founded", "need_index": 1})
     assert all("resolved_arguments" not in s for s in rec["steps"])

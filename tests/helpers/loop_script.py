@@ -48,6 +48,15 @@ def answer_critic(ok, hint=""):
     return text(json.dumps({"verdict": "PASS" if ok else "BLOCK", "revision_hint": hint}))
 
 
+def script_anchor_then_year(srv, *planner_replies, anchor="Acme"):
+    """Script a run that fills need 0 with `anchor` at the first tool call the critic sees and need 1 with 1999 at the
+    second, then accepts "1999": the planner replies are the caller's (rejected ones never reach the critic)."""
+    srv.script("planner", *planner_replies)
+    srv.script("critic", critic(updates=[fill(0, anchor)]), critic("SUFFICIENT", [fill(1, "1999")]))
+    srv.script("finalizer", text("1999"))
+    srv.script("answer_critic", answer_critic(True))
+
+
 def run(srv, r0=R0, toolbox=None, **cfg):
     async def go():
         endpoints = {"fake": EndpointConfig(base_url=srv.base_url, model="fake-model", max_retries=0, timeout_s=10)}
