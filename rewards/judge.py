@@ -91,11 +91,12 @@ class JudgeState:
         if missing:
             raise KeyError(f"rl_states row lacks column(s) {missing}; the judge needs {list(STATE_COLUMNS)}")
         ledger_json = row["ledger"] if isinstance(row["ledger"], str) else json.dumps(row["ledger"], sort_keys=True)
+        ledger = ledger_of(ledger_json)
         ref = load_json_column(row["reference_action"], "reference_action") or {}
         tools = load_json_column(row["tools"], "tools")
         value_refs = bool(row.get("value_refs"))
         if value_refs and ref.get("name"):  # the teacher's references, resolved as the runtime resolved them
-            ref = _resolved(ref, ledger_of(ledger_json))
+            ref = _resolved(ref, ledger)
         blob = json.dumps(
             [row["question"], row["gold_answer"], ledger_json, ref, tools, value_refs],
             sort_keys=True,
@@ -105,7 +106,7 @@ class JudgeState:
         return cls(
             question=str(row["question"]),
             gold_answer=str(row["gold_answer"]),
-            ledger=ledger_of(ledger_json),
+            ledger=ledger,
             ledger_json=ledger_json,
             digest=digest if isinstance(digest, str) else json.dumps(digest),
             reference=ref,

@@ -142,7 +142,7 @@ def task_viewer(records: list[dict], max_tasks: int = 60, max_chars: int = 4000)
             verdict = s.get("verdict") or {}
             diff = _ledger_diff(s.get("ledger_before"), after)
             resolved = s.get("resolved_arguments")  # value references (runtime.value_refs): what the tool got
-            resolved = (
+            resolved_html = (
                 f"<b>resolved arguments</b><pre>{_e(json.dumps(resolved, ensure_ascii=False)[:1500])}</pre>"
                 if resolved
                 else ""
@@ -154,7 +154,7 @@ def task_viewer(records: list[dict], max_tasks: int = 60, max_chars: int = 4000)
                 f"</span></summary>"
                 f"<b>planner saw</b><pre>{_e(seen[:max_chars])}</pre>"
                 f"<b>planner output</b><pre>{_e(json.dumps(s.get('planner_output'), ensure_ascii=False)[:1500])}</pre>"
-                f"{resolved}"
+                f"{resolved_html}"
                 f"<b>observation</b><pre>{_e(str(s.get('raw_observation', ''))[:1500])}</pre>"
                 f"<b>verdict</b><pre>{_e(json.dumps(verdict, ensure_ascii=False)[:1500])}</pre>"
                 f"<b>ledger diff</b><pre>{_e(chr(10).join(diff) or '(no change)')}</pre></details>"
