@@ -210,11 +210,13 @@ VALUE_REFS_RULE = (
 
 def offers_value_refs(prompt: list[dict] | str | None) -> bool:
     """Whether a planner prompt offers value references: its messages (a recorded step's planner_input, an RL state's
-    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions)."""
+    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions). The rule is
+    matched without its line end: Qwen3.5's template trims the system content."""
+    rule = VALUE_REFS_RULE.strip()
     if isinstance(prompt, str):
-        return VALUE_REFS_RULE in prompt
+        return rule in prompt
     system = prompt[0] if prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system" else {}
-    return VALUE_REFS_RULE in (system.get("content") or "")
+    return rule in (system.get("content") or "")
 
 
 def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:

@@ -205,3 +205,38 @@ def test_off_a_reference_is_literal_text_sent_to_the_tool(srv):
     assert tb.calls[-1] == ("web_search", {"query": "{need:0} founded", "need_index": 1})
     assert all("resolved_arguments" not in s for s in rec["steps"])
     assert VALUE_REFS_RULE not in rec["steps"][0]["planner_input"]["messages"][0]["content"]
+
+
+# ---- GRPO's path: prompts rendered by the real Qwen chat templates ------------------------------------------------
+
+
+@pytest.mark.parametrize("template", sorted(p.name for p in (ROOT / "tests/fixtures/chat_templates").glob("*.jinja")))
+def test_the_offer_survives_every_real_chat_template_and_the_valid_reward_reads_it(runs, template):
+    """rl.train renders each state's messages with the policy's chat template and GRPO hands that text to the
+    rewards: the rule must still be found in it (public Qwen templates, tests/fixtures/chat_templates)."""
+    from rewards.rules import valid
+    from sft.tiny import train_tokenizer
+
+    (on, _), (off, _) = runs
+    step = next(s for t in on for s in t["steps"] if "resolved_arguments" in s)
+    off_step = off[0]["steps"][0]
+    tok = train_tokenizer([json.dumps(step["planner_input"])], vocab_size=400)
+    tpl = (ROOT / "tests/fixtures/chat_templates" / template).read_text()
+
+    def render(st):
+        return tok.apply_chat_template(
+            st["planner_input"]["messages"],
+            tools=st["planner_input"]["tools"],
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=tpl,
+        )
+
+    text, off_text = render(step), render(off_step)
+    assert offers_value_refs(text) and not offers_value_refs(off_text)
+    ref = Action(step["action"]["name"], step["action"]["arguments"]).to_text()
+    dangling = Action(step["action"]["name"], {**step["action"]["arguments"], "query": "{need:9} town"}).to_text()
+    tools, ledger = json.dumps(step["planner_input"]["tools"]), json.dumps(step["ledger_before"])
+    cols = {"tools": [tools] * 2, "ledger": [ledger] * 2}
+    assert valid([ref, dangling], prompts=[text] * 2, **cols) == [1.0, 0.0]
+    assert valid([ref, dangling], prompts=[off_text] * 2, **cols) == [1.0, 1.0]  # not offered: literal text
