@@ -15,9 +15,16 @@ import jsonschema
 from collect import bounds
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-# Value references (RuntimeConfig.value_refs): "{need:K}" inside a query stands for the filled value of need K.
+# Value references (RuntimeConfig.value_refs): "{need:K}" inside a query stands for the filled value of need K, inside
+# code for its Python literal.
 VALUE_REF_RE = re.compile(r"\{need:(\d+)\}")
-VALUE_REF_KEYS = ("query",)  # the string arguments a reference may appear in
+VALUE_REF_KEYS = ("query", "code")  # the string arguments a reference may appear in
+
+
+def _ref_text(key: str, value: str) -> str:
+    """What "{need:K}" stands for in argument `key`: the value itself in a query, the value as a Python string literal
+    (repr) in code, so `v1 = {need:1}` is a well-formed assignment whatever the value holds (quotes, backslashes)."""
+    return repr(value) if key == "code" else value
 
 
 @dataclass(frozen=True)
@@ -203,8 +210,9 @@ def _check_beyond_schema(action: Action) -> None:
 # The ledger arm's planner prompt with RuntimeConfig.value_refs ends with this rule; a planner (the offline teacher,
 # relabelling) knows the references are offered from its prompt: offers_value_refs.
 VALUE_REFS_RULE = (
-    'Value references: in a query, "{need:K}" stands for the value of filled need K and is replaced by it before the '
-    'tool runs; write it instead of copying the value, e.g. "{need:0} market town".\n'
+    'Value references: in a query or code, "{need:K}" stands for the value of filled need K and is replaced by it '
+    "before the tool runs (in code by the value as a Python string literal); write it instead of copying the value, "
+    'e.g. "{need:0} market town" or v1 = {need:1}.\n'
 )
 
 
@@ -221,9 +229,9 @@ def offers_value_refs(prompt: list[dict] | str | None) -> bool:
 
 def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
     """The action with every "{need:K}" in its query replaced by `values[K]` (the filled needs' values: Ledger
-    .filled_values()); the same action when it has none. A reference to a need with no value is the planner's
-    malformed call: ActionError bad_arguments, naming the needs that have one. The one resolver of the runtime (loop)
-    and the `valid` reward."""
+    .filled_values()), and in its code by `repr(values[K])`; the same action when it has none. A reference to a need
+    with no value is the planner's malformed call: ActionError bad_arguments, naming the needs that have one. The one
+    resolver of the runtime (loop) and the `valid` reward."""
     args = action.arguments
     out = dict(args)
     for key in VALUE_REF_KEYS:
@@ -238,20 +246,25 @@ def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
                 f"{action.name}.{key}: {{need:{missing[0]}}} names need {missing[0]}, which has no value "
                 f"(needs with a value: {have})",
             )
-        out[key] = VALUE_REF_RE.sub(lambda m: values[int(m.group(1))], text)
+        out[key] = VALUE_REF_RE.sub(lambda m, key=key: _ref_text(key, values[int(m.group(1))]), text)
     return action if out == args else Action(action.name, out)
 
 
 def write_value_refs(action: Action, values: dict[int, str]) -> Action:
-    """The inverse the offline teacher uses: each of `values` (need index -> value) found verbatim in the query is
-    written as "{need:K}", longest value first; resolve_value_refs(write_value_refs(a, v), v) == a."""
-    text = action.arguments.get("query")
-    if type(text) is not str:
-        return action
-    for k, v in sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        if v and "{need:" not in v and v in text:
-            text = text.replace(v, f"{{need:{k}}}")
-    return action if text == action.arguments["query"] else Action(action.name, {**action.arguments, "query": text})
+    """The inverse the offline teacher uses: each of `values` (need index -> value) found verbatim in the query (as
+    its Python literal in the code) is written as "{need:K}", longest value first;
+    resolve_value_refs(write_value_refs(a, v), v) == a."""
+    out = dict(action.arguments)
+    for key in VALUE_REF_KEYS:
+        text = out.get(key)
+        if type(text) is not str:
+            continue
+        for k, v in sorted(values.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            lit = _ref_text(key, v)
+            if v and "{need:" not in v and lit in text:
+                text = text.replace(lit, f"{{need:{k}}}")
+        out[key] = text
+    return action if out == action.arguments else Action(action.name, out)
 
 
 def validate_action(action: Action, tools: list[dict]) -> None:

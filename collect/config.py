@@ -132,9 +132,10 @@ class RuntimeConfig:
         default=False,
         metadata={
             "help": "true: the ledger arm's planner prompt offers value references, {need:K} in a tool call's query "
-            "stands for the filled value of need K and the runtime substitutes it before validation and the tool "
-            "(collect.actions.resolve_value_refs; a reference to a need with no value is a rejected reply); the "
-            "offline teacher then writes them for its upstream values. false = the paper's runtime"
+            "stands for the filled value of need K (in its code for the value's Python literal) and the runtime "
+            "substitutes it before validation and the tool (collect.actions.resolve_value_refs; a reference to a need "
+            "with no value is a rejected reply); the offline teacher then writes them for its upstream values. "
+            "false = the paper's runtime"
         },
     )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})

@@ -36,8 +36,9 @@ With RuntimeConfig.reject_futile_calls, a tool call that `can_advance` says cann
 that made no progress, a need that is not actionable) is rejected the same way (ModelError futile_call); off by
 default.
 With RuntimeConfig.value_refs (ledger arm), the planner prompt offers value references: "{need:K}" in a query stands
-for need K's filled value and is substituted (collect.actions.resolve_value_refs) before validation, the futile-call
-check, the tool and the critic; the step keeps the action as written and adds `resolved_arguments`. Off by default.
+for need K's filled value (in code for its Python literal) and is substituted (collect.actions.resolve_value_refs)
+before validation, the futile-call check, the tool and the critic; the step keeps the action as written and adds
+`resolved_arguments`. Off by default.
 """
 
 from __future__ import annotations

@@ -383,7 +383,8 @@ class TeacherPlanner:
 
     def choose(self, r0: TaskContext, ledger: Ledger, offered: list[str], value_refs: bool = False) -> Action:
         """The teacher's next call. value_refs (the prompt offers them, RuntimeConfig.value_refs): the filled values
-        of the target need's upstream needs are written as {need:K} in the query (collect.actions.write_value_refs)."""
+        of the target need's upstream needs are written as {need:K} in the query or code
+        (collect.actions.write_value_refs)."""
         action = self._choose(r0, ledger, offered)
         i = action.arguments.get("need_index")
         if not value_refs or not isinstance(i, int) or not 0 <= i < len(ledger.needs):

@@ -1,4 +1,5 @@
-"""Value references (RuntimeConfig.value_refs): "{need:K}" in a query stands for need K's filled value.
+"""Value references (RuntimeConfig.value_refs): "{need:K}" in a query stands for need K's filled value, in code for its
+Python literal.
 
 Checked on the real loop (the shipped recipe configs/collect/embedded_1800_refs.yaml, the offline teacher), on a
 scripted OpenAI-compatible planner over loopback (references it gets wrong included), on relabelling and on the
@@ -7,6 +8,8 @@ rewards, against the same runs with the option off."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -37,8 +40,36 @@ def test_a_reference_is_replaced_by_the_needs_value_and_nothing_else_changes():
     assert got.arguments == {"query": "Kovdale Growers' Cooperative market town 1999", "need_index": 3}
     plain = Action("web_search", {"query": "Kovdale market town", "need_index": 1})
     assert resolve_value_refs(plain, {0: "x"}) is plain  # no reference: the very same action
-    code = Action("code_executor", {"code": "print('{need:0}')", "need_index": 1})
-    assert resolve_value_refs(code, {0: "x"}) is code  # only queries take references
+    literal = Action("code_executor", {"code": "print('{need: 0}')", "need_index": 1})
+    assert resolve_value_refs(literal, {0: "x"}) is literal  # a near-miss is text, in code too
+
+
+def test_in_code_a_reference_is_the_values_python_literal_and_runs():
+    from collect.world.compute import HELPERS_SRC
+
+    values = {0: "84.75 Orrin crowns", 1: 'it\'s 19 \\ "quoted"\n', 2: "unused"}
+    code = "v0 = {need:0}\nv1 = {need:1}\nprint(fmt(to_num(v0) * 2), len(v1))\n"
+    got = resolve_value_refs(Action("code_executor", {"code": code, "need_index": 3}), values)
+    assert got.arguments["code"].startswith(f"v0 = {values[0]!r}\nv1 = {values[1]!r}\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(HELPERS_SRC + got.arguments["code"], {})  # the quotes and backslashes in a value cannot break the code
+    assert out.getvalue() == f"169.5 {len(values[1])}\n"
+    with pytest.raises(ActionError, match="code_executor.code: {need:2}"):
+        resolve_value_refs(Action("code_executor", {"code": "x = {need:2}", "need_index": 3}), {0: "a"})
+
+
+def test_the_teachers_program_is_written_with_references_and_resolves_back():
+    from collect.world.compute import program
+
+    values = {1: "19", 2: "84.75 Orrin crowns", 4: "1 March 1999"}
+    code = program("to_num(v2) - to_num(v1)", values)
+    a = Action("code_executor", {"code": code, "need_index": 5})
+    written = write_value_refs(a, values)
+    lines = written.arguments["code"].splitlines()
+    assert [ln for ln in lines if ln.startswith("v")] == ["v1 = {need:1}", "v2 = {need:2}", "v4 = {need:4}"]
+    assert "'19'" not in written.arguments["code"]
+    assert resolve_value_refs(written, values) == a
 
 
 @pytest.mark.parametrize(
