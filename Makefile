@@ -144,7 +144,8 @@ MEASURE_EVAL ?= configs/eval/onpolicy.yaml
 # Value references (docs/training.md "Value references"): MEASURE_COLLECT=configs/collect/embedded_1800_refs.yaml
 # MEASURE_SFT=configs/sft/tiny_copy.yaml MEASURE_ONPOLICY=configs/onpolicy/tiny_refs.yaml
 # MEASURE_HELDOUT=configs/collect/embedded_refs.yaml MEASURE_EVAL=configs/eval/onpolicy_refs.yaml: per seed SFT
-# ~2,900 s, one on-policy round ~1,350 s (relabel 375 s, SFT 973 s), GRPO 236 s (2026-12-02, seed 0).
+# ~2,700-2,900 s, one on-policy round ~760-1,350 s (relabel 253-375 s, SFT 509-973 s), GRPO ~235 s, eval of the five
+# planners ~17 min for one seed (2026-12-02, seed 0; the lower figures with nothing else running).
 measure: $(STAMP)  ## SEEDS="0 1" MEASURE_SFT= ...: untrained / SFT / SFT+on-policy / +RL on the 72 test tasks
 	$(PY) -m collect --config $(MEASURE_COLLECT) --out $(MEASURE)/collect --split train --no-progress
 	for s in $(SEEDS); do \
