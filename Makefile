@@ -88,11 +88,16 @@ eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS=
 bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench
 
+# make demo (<= 20 min on 2 cores from a fresh clone): the teacher's runs with value references (1,080 train tasks,
+# ~20 s) -> state-SFT of the tiny planner (1000 steps, ~9 min) -> one on-policy round (its own states on 60 train
+# tasks, labelled by the teacher; SFT 150 steps; GRPO 20 steps; ~4 min) -> the five planners on the first 36 test
+# tasks (docs/training.md "The demo"). The full-size measurement is `make measure` below.
 demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network
-	$(PY) -m collect --config configs/collect/embedded.yaml --out runs/demo/collect --split train --no-progress
-	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft
-	$(PY) -m rl.train --config configs/rl/tiny.yaml --dataset_dir runs/demo/collect/rl_states \
-		--model_name_or_path runs/demo/sft/merged --output_dir runs/demo/rl
+	$(PY) -m collect --config configs/collect/embedded_1800_refs.yaml --out runs/demo/collect --split train --no-progress
+	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft \
+		--max_steps 1000
+	$(PY) -m sft.onpolicy --config configs/onpolicy/demo.yaml --model runs/demo/sft/merged \
+		--teacher-data runs/demo/collect --out runs/demo/onpolicy
 	$(PY) -m serve.eval --config configs/eval/demo.yaml --out runs/demo
 
 # ---- GPU check (docs/gpu_check.md) ------------------------------------------------------------------------------------
