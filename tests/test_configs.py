@@ -26,6 +26,31 @@ def test_eval_recipes_parse_and_point_at_existing_bases(path, monkeypatch):
     load_config(ROOT / cfg.base)
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs/onpolicy").glob("*.yaml")), ids=lambda p: p.name)
+def test_onpolicy_recipes_parse_with_their_stage_overrides(path, monkeypatch, tmp_path):
+    """An on-policy recipe names a collect, an SFT and an RL recipe and passes sft_args / rl_args to them on the
+    command line (sft.onpolicy._flags): each must exist and each override must be a flag that stage accepts and that
+    lands in its config, or the run fails after its relabel (or silently trains with the recipe's value)."""
+    from rl.train import load_config as load_rl_config
+    from sft.onpolicy import _flags, load_onpolicy_config
+    from sft.train import parse_args as parse_sft_args
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_onpolicy_config(str(path))
+    load_config(ROOT / cfg.collect)
+    assert (ROOT / cfg.teacher_data).parts[-1]  # a path, checked at run time (--teacher-data overrides it)
+    sft = parse_sft_args(
+        ["--config", cfg.sft_config, "--dataset_dir", str(tmp_path), "--output_dir", str(tmp_path / "sft")]
+        + _flags(cfg.sft_args)
+    )
+    for key, value in cfg.sft_args.items():
+        assert [getattr(c, key) for c in sft if hasattr(c, key)] == [value], (path.name, key)
+    if cfg.rl:
+        rl = load_rl_config(cfg.rl_config, {"output_dir": str(tmp_path / "rl"), **cfg.rl_args})
+        for key, value in cfg.rl_args.items():
+            assert value in [getattr(c, key) for c in rl if hasattr(c, key)], (path.name, key)
+
+
 def test_collect_config_rejects_unknown_keys(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("splitt: test\n")
