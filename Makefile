@@ -96,8 +96,7 @@ demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or
 	$(PY) -m collect --config configs/collect/embedded_1800_refs.yaml --out runs/demo/collect --split train --no-progress
 	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft \
 		--max_steps 1000
-	$(PY) -m sft.onpolicy --config configs/onpolicy/demo.yaml --model runs/demo/sft/merged \
-		--teacher-data runs/demo/collect --out runs/demo/onpolicy
+	$(PY) -m sft.onpolicy --config configs/onpolicy/demo.yaml --model runs/demo/sft/merged --out runs/demo/onpolicy
 	$(PY) -m serve.eval --config configs/eval/demo.yaml --out runs/demo
 
 # ---- GPU check (docs/gpu_check.md) ------------------------------------------------------------------------------------
