@@ -40,6 +40,12 @@ def _tool_call(action: Action) -> dict:
     return {"type": "function", "function": {"name": action.name, "arguments": dict(action.arguments)}}
 
 
+def decision_completion(action: Action) -> list[dict]:
+    """The assistant turn a decision row trains on (SFT rows) and that rl.train renders for a reference-guided GRPO
+    candidate: one tool call, empty content."""
+    return [{"role": "assistant", "content": "", "tool_calls": [_tool_call(action)]}]
+
+
 def template_messages(messages: list[dict]) -> list[dict]:
     """Messages as chat templates expect them: assistant `tool_calls[].function.arguments` decoded from the OpenAI
     wire form (a JSON string) into a mapping, everything else unchanged. vLLM's chat endpoint does the same before it
@@ -93,7 +99,7 @@ def decision_rows(traj: dict, st: dict, action: Action, origin: str = "teacher",
     task_id = traj["task_id"]
     sft = {
         "prompt": template_messages(messages),  # tool-call arguments as mappings, as the chat templates expect
-        "completion": [{"role": "assistant", "content": "", "tool_calls": [_tool_call(action)]}],
+        "completion": decision_completion(action),
         "tools": tools_json,
         "task_id": task_id,
         "step": int(st["t"]),

@@ -38,7 +38,7 @@ from unittest import mock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: models are local paths
 
-from trl import GRPOConfig, ModelConfig, TrlParser, get_peft_config
+from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
 log = logging.getLogger("rl.train")
 
@@ -56,6 +56,13 @@ class RLScriptArguments:
         default=None, metadata={"help": "keep only states of these origins (comma-separated: teacher, onpolicy)"}
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "cap the number of states (demo/debug)"})
+    reference_candidate: bool = field(
+        default=False,
+        metadata={
+            "help": "replace one of each state's G sampled candidates by the state's recorded reference decision "
+            "(the teacher's action, rendered as SFT trains on it), scored by the same rewards; the paper samples all G"
+        },
+    )
     judge: dict | str | None = field(
         default_factory=lambda: {"kind": "offline"},
         metadata={"help": "rewards.judge.JudgeConfig fields (a YAML mapping, or JSON on the command line)"},
@@ -172,12 +179,100 @@ def render_prompts(ds, tok, chat_template_kwargs: dict | None):
     return ds.map(one, desc="render prompts")
 
 
+GUIDE_COLUMN = "reference_completion_ids"
+
+
+def add_reference_completions(ds, tok, chat_template_kwargs: dict | None, eos_ids: list[int] | None = None):
+    """Each state's reference decision as completion token ids (column GUIDE_COLUMN), before render_prompts.
+
+    The completion is what state-SFT trains on for that row: the chat template's rendering of the prompt plus the
+    assistant tool call (collect.harvest.decision_completion) minus the rendering of the prompt with the generation
+    prompt, tokenized as one text, as TRL's SFT does for prompt-completion rows, then cut after the first
+    end-of-sequence token (`eos_ids`, default the tokenizer's), where generation stops: a template's newline after
+    <|im_end|> is trained by SFT but never sampled. A template that does not render the prompt as a prefix of the
+    conversation is an error."""
+    from collect.actions import Action
+    from collect.harvest import decision_completion, template_messages
+    from rewards.rules import load_json_column
+
+    kwargs = dict(chat_template_kwargs or {})
+    eos = set(eos_ids if eos_ids is not None else [tok.eos_token_id])
+
+    def one(row):
+        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        ref = load_json_column(row["reference_action"], "reference_action")
+        action = Action(ref["name"], ref.get("arguments") or {})
+        messages = template_messages(row["prompt"])
+        common = {"tools": tools or None, "tokenize": False, **kwargs}
+        head = tok.apply_chat_template(messages, add_generation_prompt=True, **common)
+        full = tok.apply_chat_template(messages + decision_completion(action), **common)
+        head_ids = tok(head, add_special_tokens=False)["input_ids"]
+        full_ids = tok(full, add_special_tokens=False)["input_ids"]
+        if full_ids[: len(head_ids)] != head_ids:
+            raise ValueError(
+                f"state {row.get('task_id')}#{row.get('step')}: the chat template does not render the prompt as a "
+                "prefix of prompt + reference decision; reference_candidate cannot build the candidate"
+            )
+        ids = full_ids[len(head_ids) :]
+        ends = [k for k, t in enumerate(ids) if t in eos]
+        return {GUIDE_COLUMN: ids[: ends[0] + 1] if ends else ids}
+
+    return ds.map(one, desc="reference candidates")
+
+
+class ReferenceGuidedGRPOTrainer(GRPOTrainer):
+    """GRPO whose groups hold the recorded reference decision as one of the G candidates (RLScriptArguments
+    .reference_candidate). Why: on a student's own states the teacher's decision is rarely sampled (docs/training.md
+    "The demo"), so no group can rank it above the wrong ones; with it in the group its advantage is its reward
+    against the sampled ones, the same rewards score it, and the clipped objective and KL term are unchanged.
+
+    In each process's generation batch, the last candidate of each prompt is replaced by the reference's tokens
+    (add_reference_completions, capped at max_completion_length). Its sampling log-probs, where the backend
+    returns them (vLLM), are None, which TRL treats as "no importance-sampling correction" for those tokens.
+    Logged per step: guide/advantage (mean advantage of the reference candidates), guide/above_mean (share of them
+    with a positive advantage)."""
+
+    _guide: list | None = None
+    _guided: list[int] = []
+
+    def _generate_and_score_completions(self, inputs):
+        self._guide = [x.get(GUIDE_COLUMN) for x in inputs] if self.model.training else None
+        self._guided = []
+        try:
+            out = super()._generate_and_score_completions(inputs)
+        finally:
+            self._guide = None
+        if self._guided:
+            adv = out["advantages"][self._guided].float()
+            self._metrics["train"]["guide/advantage"].append(adv.mean().item())
+            self._metrics["train"]["guide/above_mean"].append((adv > 0).float().mean().item())
+        return out
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        guide = self._guide
+        if not guide or len(guide) != len(completion_ids):
+            return completion_ids, logprobs
+        last = {tuple(p): i for i, p in enumerate(prompt_ids)}  # inputs arrive as G consecutive copies per state
+        completion_ids = list(completion_ids)
+        for i in sorted(last.values()):
+            ref = list(guide[i] or [])[: self.max_completion_length]
+            if not ref:
+                continue
+            completion_ids[i] = ref
+            if logprobs is not None:
+                logprobs[i] = [None] * len(ref)
+            self._guided.append(i)
+        return completion_ids, logprobs
+
+
 def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: dict, n_states: int) -> dict:
     """Steps, wall time and per-component reward means (first/last/mean over logged steps)."""
     from rewards import REWARD_FUNCS
 
     hist = [h for h in trainer.state.log_history if "reward" in h]
     keys = ["reward"] + [f"rewards/{k}/mean" for k in REWARD_FUNCS] + ["kl", "frac_reward_zero_std", "loss"]
+    keys += ["guide/advantage", "guide/above_mean"]
     comp = {}
     for k in keys:
         vals = [h[k] for h in hist if k in h and h[k] == h[k]]  # drop NaN
@@ -192,6 +287,7 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
             }
     short = {"reward": "reward", "kl": "kl", "frac_reward_zero_std": "zero_std"}
     short |= {f"rewards/{k}/mean": k for k in REWARD_FUNCS}
+    short |= {"guide/advantage": "guide_advantage", "guide/above_mean": "guide_above_mean"}
     history = [{"step": h.get("step")} | {v: h[k] for k, v in short.items() if k in h} for h in hist]
     steps = trainer.state.global_step
     return {
@@ -200,6 +296,7 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
         "s_per_step": round(wall_s / max(1, steps), 3),
         "n_states": n_states,
         "num_generations": recipe.training.num_generations,
+        "reference_candidate": recipe.script.reference_candidate,
         "reference_policy": how,
         "reward_weights": named_weights(recipe.training.reward_weights),
         "metrics": comp,
@@ -237,6 +334,10 @@ def build_trainer(recipe: RLRecipe):
     if script.max_train_samples:
         ds = ds.select(range(min(script.max_train_samples, len(ds))))
     model, tok, peft_config, how = load_policy(model_args)
+    if script.reference_candidate:
+        eos = model.generation_config.eos_token_id  # where sampling stops, as GRPOTrainer reads it
+        eos = [tok.eos_token_id] + ([eos] if isinstance(eos, int) else list(eos or []))
+        ds = add_reference_completions(ds, tok, training.chat_template_kwargs, eos)
     ds = render_prompts(ds, tok, training.chat_template_kwargs)
     log.info("%d states from %s; policy %s (%s)", len(ds), script.dataset_dir, model_args.model_name_or_path, how)
 
@@ -246,13 +347,12 @@ def build_trainer(recipe: RLRecipe):
     judge = use_judge(build_judge(script.judge))
 
     # 3. GRPO with the recipe's objective; the reference is built with the policy's class
-    from trl import GRPOTrainer
-
     from sft.lm_head import compact_lm_head_on_cpu
 
     compact_lm_head_on_cpu()  # CPU only: the policy's log-probs over completion tokens only (same loss, faster)
     with reference_built_like(model) as policy_cls:
-        trainer = GRPOTrainer(
+        trainer_cls = ReferenceGuidedGRPOTrainer if script.reference_candidate else GRPOTrainer
+        trainer = trainer_cls(
             model=model,
             reward_funcs=list(REWARD_FUNCS.values()),
             args=training,

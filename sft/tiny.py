@@ -29,7 +29,7 @@ TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>
 
 # ChatML with a tools header. Assistant tool_calls render exactly as Action.to_text():
 #   <tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>
-# The row contract is the one of the real Qwen templates: ARGS is a mapping (harvest rows, collect.harvest._tool_call)
+# The row contract is the one of the real Qwen templates: ARGS is a mapping (collect.harvest.decision_completion)
 # rendered with tojson (transformers' tojson = json.dumps(ensure_ascii=False): the same bytes as Action.to_text()).
 # A JSON string (the OpenAI wire form a serve.local client may send back) is also accepted and rendered verbatim.
 CHAT_TEMPLATE = r"""{%- if messages[0].role == 'system' %}

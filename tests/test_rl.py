@@ -295,6 +295,55 @@ def test_grpo_smoke_logs_every_component_moves_the_policy_and_keeps_the_sft_refe
 
 
 @pytest.mark.slow
+def test_reference_candidate_puts_the_recorded_decision_in_every_group_and_scores_it(sft_policy, tmp_path):
+    """`reference_candidate: true`: in each group of G, G-1 completions are sampled and the last is the state's
+    reference decision (the tokens state-SFT trains on), scored by the same rewards. On the warm-started policy the
+    perception calls are out of reach, so the reference is the group's best candidate: positive advantage. Training
+    logs guide/advantage and moves the policy."""
+    from transformers import AutoTokenizer
+
+    from collect.actions import Action
+    from rewards.rules import parse_candidate
+    from rl.train import GUIDE_COLUMN, build_trainer, train
+
+    sft, data, d = sft_policy
+    overrides = {
+        "model_name_or_path": str(sft),
+        "dataset_dir": str(data),
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 2,
+        "max_completion_length": 160,
+        "reference_candidate": True,
+    }
+    recipe = load_config(str(ROOT / "configs/rl/tiny.yaml"), overrides)
+    trainer, tok, *_ = build_trainer(recipe)
+    g = trainer.num_generations
+    ds = trainer.train_dataset
+    rows = [i for i in range(len(ds)) if json.loads(ds[i]["reference_action"])["name"] != "finish"][:2]
+    inputs = [ds[i] for i in rows for _ in range(g)]
+    trainer.model.train()
+    out = trainer._generate_and_score_completions(inputs)
+    ids, mask = out["completion_ids"], out["completion_mask"]
+    for k, i in enumerate(rows):
+        ref = ds[i][GUIDE_COLUMN]
+        guided = ids[(k + 1) * g - 1][mask[(k + 1) * g - 1].bool()].tolist()
+        assert guided == ref and ref[-1] == tok.eos_token_id
+        action = parse_candidate(tok.decode(ref, skip_special_tokens=True))
+        assert action == Action(**json.loads(ds[i]["reference_action"]))  # the recorded decision, as a candidate
+        sampled = [ids[k * g + j][mask[k * g + j].bool()].tolist() for j in range(g - 1)]
+        assert all(s != ref for s in sampled)  # the others are the policy's own samples
+        assert out["advantages"][(k + 1) * g - 1] > 0  # the best candidate of its group
+    assert trainer._metrics["train"]["guide/above_mean"][-1] == 1.0
+
+    _, summary = train(load_config(str(ROOT / "configs/rl/tiny.yaml"), overrides))
+    assert summary["reference_candidate"] is True and summary["steps"] == 2
+    assert summary["metrics"]["guide/advantage"]["mean"] > 0 and "guide_advantage" in summary["history"][0]
+    before, after = _state_dict(sft), _state_dict(tmp_path / "out")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").eos_token_id == tok.eos_token_id
+
+
+@pytest.mark.slow
 def test_score_reports_total_and_every_component_on_held_out_states(sft_policy):
     from rl.score import score
 

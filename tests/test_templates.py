@@ -236,3 +236,55 @@ def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case
         prompt = tok.decode(ids[:first])
         assert prompt.rstrip("\n").endswith(("<|im_start|>assistant", "</think>")), prompt[-60:]
     assert {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout", "need_parse"} <= kinds
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env, case, tmp_path):
+    """rl.train's reference-guided groups put the state's recorded decision among the G candidates; it must be the
+    token sequence state-SFT trained on for that state (TRL's labels for the SFT row harvested with it, up to the
+    end-of-sequence token where sampling stops), under each real template, with the recipe's chat_template_kwargs,
+    including the row whose prompt replays a wire-form call."""
+    from datasets import load_from_disk as load
+
+    from rl.train import GUIDE_COLUMN, add_reference_completions
+
+    d, base, ds, picked = env
+    template, recipe, _, _, extra = CASES[case]
+    model_dir = tmp_path / "model"
+    shutil.copytree(base, model_dir)
+    if template is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        tok.chat_template = (TEMPLATES / template).read_text()
+        tok.save_pretrained(model_dir)
+    args = parse_args(
+        [
+            "--config", str(ROOT / recipe), "--model_name_or_path", str(model_dir),
+            "--dataset_dir", str(d / "data" / "sft"), "--output_dir", str(tmp_path / "out"),
+            "--bf16", "false", "--dtype", "float32", "--gradient_checkpointing", "false", "--eval_strategy", "no",
+            "--kinds", "decision,need_parse", *extra,
+        ]
+    )  # fmt: skip
+    trainer, _ = build_trainer(*args)
+    tok = trainer.processing_class
+    kwargs = json.loads(args[0].chat_template_kwargs or "{}")
+    rl = load(str(d / "data" / "rl_states"))["train"]
+    by_state = {(r["task_id"], r["step"]): i for i, r in enumerate(rl)}
+    rows = [i for i in picked if ds[i]["kind"] == "decision"]
+    guided = add_reference_completions(
+        rl.select([by_state[(ds[i]["task_id"], ds[i]["step"])] for i in rows]), tok, kwargs
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in rows])
+    names = set()
+    for j, i in enumerate(rows):
+        ids, labels = batch["input_ids"][j], batch["labels"][j]
+        label = ids[labels != -100].tolist()
+        stop = (
+            label.index(tok.eos_token_id) + 1
+        )  # generation stops there; the template's newline after it is not sampled
+        assert guided[j][GUIDE_COLUMN] == label[:stop], (case, ds[i]["task_id"], ds[i]["step"])
+        assert len(label) - stop <= 1  # at most the newline the real templates put after <|im_end|>
+        names.add(json.loads(guided[j]["reference_action"])["name"])
+    assert {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout"} <= names
+    assert any(len(rl[by_state[(ds[i]["task_id"], ds[i]["step"])]]["prompt"]) > 2 for i in rows)  # the replayed call
