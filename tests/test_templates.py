@@ -179,10 +179,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case, tmp_path):
-    d, base, ds, picked = env
-    template, recipe, render_call, end, extra = CASES[case]
+def _sft_trainer(env, case: str, tmp_path: Path):
+    """(trainer, dataset, parsed args) of the SFTTrainer sft.train builds for CASES[case]'s recipe, on the harvested
+    decision and need-parse rows, with the tiny tokenizer carrying the case's real template."""
+    d, base, _, _ = env
+    template, recipe, _, _, extra = CASES[case]
     model_dir = tmp_path / "model"
     shutil.copytree(base, model_dir)
     if template is not None:
@@ -193,28 +194,21 @@ def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case
         tok.save_pretrained(model_dir)
     args = parse_args(
         [
-            "--config",
-            str(ROOT / recipe),
-            "--model_name_or_path",
-            str(model_dir),
-            "--dataset_dir",
-            str(d / "data" / "sft"),
-            "--output_dir",
-            str(tmp_path / "out"),
-            "--bf16",
-            "false",
-            "--dtype",
-            "float32",
-            "--gradient_checkpointing",
-            "false",
-            "--eval_strategy",
-            "no",
-            "--kinds",
-            "decision,need_parse",
-            *extra,
+            "--config", str(ROOT / recipe), "--model_name_or_path", str(model_dir),
+            "--dataset_dir", str(d / "data" / "sft"), "--output_dir", str(tmp_path / "out"),
+            "--bf16", "false", "--dtype", "float32", "--gradient_checkpointing", "false", "--eval_strategy", "no",
+            "--kinds", "decision,need_parse", *extra,
         ]
-    )
+    )  # fmt: skip
     trainer, dataset = build_trainer(*args)
+    return trainer, dataset, args
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case, tmp_path):
+    _, _, ds, picked = env
+    _, _, render_call, end, _ = CASES[case]
+    trainer, dataset, _ = _sft_trainer(env, case, tmp_path)
     tok = trainer.processing_class
     batch = trainer.data_collator([trainer.train_dataset[i] for i in picked])
     kinds = set()
@@ -229,7 +223,7 @@ def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case
             expected = msg["content"] + end
             kinds.add("need_parse")
         ids, labels = batch["input_ids"][j], batch["labels"][j]
-        assert tok.decode(ids[labels != -100]) == expected, (template, i)
+        assert tok.decode(ids[labels != -100]) == expected, (case, i)
         labelled = (labels != -100).nonzero().flatten()
         first = int(labelled[0])
         assert labelled.tolist() == list(range(first, first + len(labelled)))  # one run: nothing of the prompt
@@ -248,25 +242,8 @@ def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env
 
     from rl.train import GUIDE_COLUMN, add_reference_completions
 
-    d, base, ds, picked = env
-    template, recipe, _, _, extra = CASES[case]
-    model_dir = tmp_path / "model"
-    shutil.copytree(base, model_dir)
-    if template is not None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(model_dir)
-        tok.chat_template = (TEMPLATES / template).read_text()
-        tok.save_pretrained(model_dir)
-    args = parse_args(
-        [
-            "--config", str(ROOT / recipe), "--model_name_or_path", str(model_dir),
-            "--dataset_dir", str(d / "data" / "sft"), "--output_dir", str(tmp_path / "out"),
-            "--bf16", "false", "--dtype", "float32", "--gradient_checkpointing", "false", "--eval_strategy", "no",
-            "--kinds", "decision,need_parse", *extra,
-        ]
-    )  # fmt: skip
-    trainer, _ = build_trainer(*args)
+    d, _, ds, picked = env
+    trainer, _, args = _sft_trainer(env, case, tmp_path)
     tok = trainer.processing_class
     kwargs = json.loads(args[0].chat_template_kwargs or "{}")
     rl = load(str(d / "data" / "rl_states"))["train"]
