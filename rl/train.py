@@ -167,10 +167,12 @@ def load_policy(model_args: ModelConfig):
 
 def render_prompts(ds, tok, chat_template_kwargs: dict | None):
     """Replace each row's message list by the policy's chat-template text with that row's tools in the header."""
+    from rewards.rules import load_json_column
+
     kwargs = dict(chat_template_kwargs or {})
 
     def one(row):
-        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        tools = load_json_column(row["tools"], "tools")
         text = tok.apply_chat_template(
             row["prompt"], tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
         )
@@ -199,7 +201,7 @@ def add_reference_completions(ds, tok, chat_template_kwargs: dict | None, eos_id
     eos = set(eos_ids if eos_ids is not None else [tok.eos_token_id])
 
     def one(row):
-        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        tools = load_json_column(row["tools"], "tools")
         ref = load_json_column(row["reference_action"], "reference_action")
         action = Action(ref["name"], ref.get("arguments") or {})
         messages = template_messages(row["prompt"])

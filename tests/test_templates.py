@@ -257,9 +257,8 @@ def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env
     for j, i in enumerate(rows):
         ids, labels = batch["input_ids"][j], batch["labels"][j]
         label = ids[labels != -100].tolist()
-        stop = (
-            label.index(tok.eos_token_id) + 1
-        )  # generation stops there; the template's newline after it is not sampled
+        # generation stops at the end-of-sequence token; the template's newline after it is never sampled
+        stop = label.index(tok.eos_token_id) + 1
         assert guided[j][GUIDE_COLUMN] == label[:stop], (case, ds[i]["task_id"], ds[i]["step"])
         assert len(label) - stop <= 1  # at most the newline the real templates put after <|im_end|>
         names.add(json.loads(guided[j]["reference_action"])["name"])
