@@ -166,7 +166,12 @@ def load_policy(model_args: ModelConfig):
 
 
 def render_prompts(ds, tok, chat_template_kwargs: dict | None):
-    """Replace each row's message list by the policy's chat-template text with that row's tools in the header."""
+    """Replace each row's message list by the policy's chat-template text with that row's tools in the header.
+
+    The messages go through collect.harvest.template_messages first, as state-SFT's rows do, so a prompt that replays
+    an earlier tool call in the OpenAI wire form renders for GRPO exactly as SFT trained on it (and as vLLM serves it);
+    Qwen3.5's template rejects the wire form's string arguments."""
+    from collect.harvest import template_messages
     from rewards.rules import load_json_column
 
     kwargs = dict(chat_template_kwargs or {})
@@ -174,7 +179,7 @@ def render_prompts(ds, tok, chat_template_kwargs: dict | None):
     def one(row):
         tools = load_json_column(row["tools"], "tools")
         text = tok.apply_chat_template(
-            row["prompt"], tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
+            template_messages(row["prompt"]), tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
         )
         return {"prompt": text}
 

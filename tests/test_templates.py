@@ -264,3 +264,29 @@ def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env
         names.add(json.loads(guided[j]["reference_action"])["name"])
     assert {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout"} <= names
     assert any(len(rl[by_state[(ds[i]["task_id"], ds[i]["step"])]]["prompt"]) > 2 for i in rows)  # the replayed call
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_path):
+    """rl.train's pre-rendered GRPO prompt of a recorded state must be the text state-SFT trained that state's action
+    after (everything before TRL's first label), under each real template and the recipe's chat_template_kwargs,
+    including the row whose prompt replays a wire-form call (Qwen3.5's template rejects its string arguments)."""
+    from datasets import load_from_disk as load
+
+    from rl.train import render_prompts
+
+    d, _, ds, picked = env
+    trainer, _, args = _sft_trainer(env, case, tmp_path)
+    tok = trainer.processing_class
+    kwargs = json.loads(args[0].chat_template_kwargs or "{}")
+    rl = load(str(d / "data" / "rl_states"))["train"]
+    by_state = {(r["task_id"], r["step"]): i for i, r in enumerate(rl)}
+    rows = [i for i in picked if ds[i]["kind"] == "decision"]
+    states = rl.select([by_state[(ds[i]["task_id"], ds[i]["step"])] for i in rows])
+    assert any(len(p) > 2 for p in states["prompt"])  # the replayed wire-form call is among them
+    rendered = render_prompts(states, tok, kwargs)["prompt"]
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in rows])
+    for j, i in enumerate(rows):
+        ids, labels = batch["input_ids"][j], batch["labels"][j]
+        first = int((labels != -100).nonzero().flatten()[0])
+        assert tok(rendered[j], add_special_tokens=False)["input_ids"] == ids[:first].tolist(), (case, i)
