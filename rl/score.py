@@ -154,7 +154,8 @@ def group_reach(
     the group holds the recorded (teacher) query / call at all (`any_query_match`: the states GRPO can pull towards
     it), the per-sample match rates, how often the group's best-rewarded sample is the teacher's query when one is
     there (ties count), the GRPO advantage such a sample gets ((reward - group mean) / group std), and the groups
-    whose k rewards are all equal (no advantage, no gradient). Sampling is seeded (`seed`)."""
+    whose k rewards are all equal (no advantage, no gradient), and how much of the advantage comes from groups whose
+    rewards barely differ (`group_spread`). Sampling is seeded (`seed`)."""
     import statistics
 
     import torch
@@ -198,6 +199,40 @@ def group_reach(
         "best_sample_is_teacher_query": _mean([float(b) for b in best_is_ref]),
         "teacher_query_advantage": _mean(advantage),
         "zero_std_groups": _mean([float(len({totals[j] for j in g}) == 1) for g in groups]),
+        **group_spread(totals, k),
+    }
+
+
+def group_spread(totals: list[float], k: int, margin: float = 0.05) -> dict:
+    """How GRPO's advantages are spread over groups of k consecutive rewards. `near_tie_groups`: the share of groups
+    whose rewards differ by less than `margin` (but differ); `near_tie_advantage_share`: the share of the total
+    |advantage| mass that such groups carry when advantages are (r - group mean) / group std (TRL's default
+    scale_rewards="group"), and `near_tie_centered_share` the same with (r - group mean) only (scale_rewards="none").
+    Dividing by the group's std gives a group whose rewards differ by 0.001 the same weight as one whose rewards
+    differ by 1, so a high first share with a low second one says most of the gradient comes from reward noise."""
+    import statistics
+
+    if k < 2 or len(totals) % k:
+        raise ValueError(f"group_spread needs groups of k >= 2 rewards, got {len(totals)} rewards and k={k}")
+    groups = [totals[i : i + k] for i in range(0, len(totals), k)]
+    ranges = [max(g) - min(g) for g in groups]
+    near = [0 < r < margin for r in ranges]
+    scaled, centered = [], []
+    for g in groups:
+        mean, std = statistics.fmean(g), statistics.pstdev(g)
+        centered.append(sum(abs(x - mean) for x in g))
+        scaled.append(sum(abs(x - mean) / (std + 1e-4) for x in g))  # TRL's epsilon
+
+    def share(mass: list[float]) -> float | None:
+        return sum(m for m, n in zip(mass, near, strict=True) if n) / sum(mass) if sum(mass) else None
+
+    varied = [r for r in ranges if r > 0]
+    return {
+        "near_tie_margin": margin,
+        "near_tie_groups": sum(near) / len(groups) if groups else None,
+        "median_varied_reward_range": statistics.median(varied) if varied else None,
+        "near_tie_advantage_share": share(scaled),
+        "near_tie_centered_share": share(centered),
     }
 
 

@@ -492,3 +492,21 @@ def test_group_reach_counts_the_groups_that_hold_the_teachers_query_and_its_adva
         group_reach(str(sub), str(sft), k=1, split="train")
     res = main(["--dataset_dir", str(sub), "--model", str(sft), "--samples", str(k), "--split", "train"])
     assert res["k"] == k and res["any_query_match"] == 1.0  # the command line reaches the same function
+
+
+def test_group_spread_shows_std_scaling_gives_near_ties_the_weight_of_real_gaps():
+    """Two groups of 4: one whose rewards differ by 0.001 (noise), one by 0.9 (a right and a wrong decision), one tie.
+    Divided by the group std (TRL's scale_rewards="group") the noise group carries as much |advantage| as the real
+    gap; centred only (scale_rewards="none") it carries ~0.1% of it."""
+    from rl.score import group_spread
+
+    noise, gap, tie = [1.0, 1.0, 1.0, 0.999], [1.0, 0.1, 0.1, 0.1], [0.5] * 4
+    got = group_spread(noise + gap + tie, k=4)
+    assert got["near_tie_groups"] == pytest.approx(1 / 3)
+    assert got["median_varied_reward_range"] == pytest.approx((0.001 + 0.9) / 2)
+    assert 0.4 < got["near_tie_advantage_share"] < 0.5  # the epsilon in std + 1e-4 keeps it just under a half
+    assert got["near_tie_centered_share"] == pytest.approx(0.0015 / (0.0015 + 1.35))
+    assert group_spread(gap, k=4)["near_tie_advantage_share"] == 0.0
+    assert group_spread(tie, k=4)["near_tie_advantage_share"] is None  # no advantage at all
+    with pytest.raises(ValueError, match="groups of k"):
+        group_spread([1.0, 0.5, 0.2], k=2)
