@@ -204,6 +204,18 @@ def _sft_trainer(env, case: str, tmp_path: Path):
     return trainer, dataset, args
 
 
+def _decision_states(env, case: str, tmp_path: Path):
+    """The case's SFT trainer and tokenizer, the recipe's chat_template_kwargs, the harvested rl_states, their index
+    by (task_id, step), and the picked SFT rows that are decisions (each has its state in rl_states)."""
+    d, _, ds, picked = env
+    trainer, _, args = _sft_trainer(env, case, tmp_path)
+    kwargs = json.loads(args[0].chat_template_kwargs or "{}")
+    rl = load_from_disk(str(d / "data" / "rl_states"))["train"]
+    by_state = {(r["task_id"], r["step"]): i for i, r in enumerate(rl)}
+    rows = [i for i in picked if ds[i]["kind"] == "decision"]
+    return trainer, trainer.processing_class, kwargs, rl, by_state, rows
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case, tmp_path):
     _, _, ds, picked = env
@@ -238,17 +250,10 @@ def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env
     token sequence state-SFT trained on for that state (TRL's labels for the SFT row harvested with it, up to the
     end-of-sequence token where sampling stops), under each real template, with the recipe's chat_template_kwargs,
     including the row whose prompt replays a wire-form call."""
-    from datasets import load_from_disk as load
-
     from rl.train import GUIDE_COLUMN, add_reference_completions
 
-    d, _, ds, picked = env
-    trainer, _, args = _sft_trainer(env, case, tmp_path)
-    tok = trainer.processing_class
-    kwargs = json.loads(args[0].chat_template_kwargs or "{}")
-    rl = load(str(d / "data" / "rl_states"))["train"]
-    by_state = {(r["task_id"], r["step"]): i for i, r in enumerate(rl)}
-    rows = [i for i in picked if ds[i]["kind"] == "decision"]
+    _, _, ds, _ = env
+    trainer, tok, kwargs, rl, by_state, rows = _decision_states(env, case, tmp_path)
     guided = add_reference_completions(
         rl.select([by_state[(ds[i]["task_id"], ds[i]["step"])] for i in rows]), tok, kwargs
     )
@@ -271,17 +276,10 @@ def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_
     """rl.train's pre-rendered GRPO prompt of a recorded state must be the text state-SFT trained that state's action
     after (everything before TRL's first label), under each real template and the recipe's chat_template_kwargs,
     including the row whose prompt replays a wire-form call (Qwen3.5's template rejects its string arguments)."""
-    from datasets import load_from_disk as load
-
     from rl.train import render_prompts
 
-    d, _, ds, picked = env
-    trainer, _, args = _sft_trainer(env, case, tmp_path)
-    tok = trainer.processing_class
-    kwargs = json.loads(args[0].chat_template_kwargs or "{}")
-    rl = load(str(d / "data" / "rl_states"))["train"]
-    by_state = {(r["task_id"], r["step"]): i for i, r in enumerate(rl)}
-    rows = [i for i in picked if ds[i]["kind"] == "decision"]
+    _, _, ds, _ = env
+    trainer, tok, kwargs, rl, by_state, rows = _decision_states(env, case, tmp_path)
     states = rl.select([by_state[(ds[i]["task_id"], ds[i]["step"])] for i in rows])
     assert any(len(p) > 2 for p in states["prompt"])  # the replayed wire-form call is among them
     rendered = render_prompts(states, tok, kwargs)["prompt"]
