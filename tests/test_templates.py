@@ -205,15 +205,16 @@ def _sft_trainer(env, case: str, tmp_path: Path):
 
 
 def _decision_states(env, case: str, tmp_path: Path):
-    """The case's SFT trainer and tokenizer, the recipe's chat_template_kwargs, the harvested rl_states, their index
-    by (task_id, step), and the picked SFT rows that are decisions (each has its state in rl_states)."""
+    """The case's SFT trainer and tokenizer, the recipe's chat_template_kwargs, the picked SFT rows that are decisions,
+    and their recorded states (rl_states rows of the same (task_id, step), in the same order)."""
     d, _, ds, picked = env
     trainer, _, args = _sft_trainer(env, case, tmp_path)
     kwargs = json.loads(args[0].chat_template_kwargs or "{}")
     rl = load_from_disk(str(d / "data" / "rl_states"))["train"]
     by_state = {(r["task_id"], r["step"]): i for i, r in enumerate(rl)}
     rows = [i for i in picked if ds[i]["kind"] == "decision"]
-    return trainer, trainer.processing_class, kwargs, rl, by_state, rows
+    states = rl.select([by_state[(ds[i]["task_id"], ds[i]["step"])] for i in rows])
+    return trainer, trainer.processing_class, kwargs, rows, states
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -253,10 +254,8 @@ def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env
     from rl.train import GUIDE_COLUMN, add_reference_completions
 
     _, _, ds, _ = env
-    trainer, tok, kwargs, rl, by_state, rows = _decision_states(env, case, tmp_path)
-    guided = add_reference_completions(
-        rl.select([by_state[(ds[i]["task_id"], ds[i]["step"])] for i in rows]), tok, kwargs
-    )
+    trainer, tok, kwargs, rows, states = _decision_states(env, case, tmp_path)
+    guided = add_reference_completions(states, tok, kwargs)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in rows])
     names = set()
     for j, i in enumerate(rows):
@@ -268,7 +267,7 @@ def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env
         assert len(label) - stop <= 1  # at most the newline the real templates put after <|im_end|>
         names.add(json.loads(guided[j]["reference_action"])["name"])
     assert {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout"} <= names
-    assert any(len(rl[by_state[(ds[i]["task_id"], ds[i]["step"])]]["prompt"]) > 2 for i in rows)  # the replayed call
+    assert any(len(p) > 2 for p in states["prompt"])  # the replayed call
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -279,8 +278,7 @@ def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_
     from rl.train import render_prompts
 
     _, _, ds, _ = env
-    trainer, tok, kwargs, rl, by_state, rows = _decision_states(env, case, tmp_path)
-    states = rl.select([by_state[(ds[i]["task_id"], ds[i]["step"])] for i in rows])
+    trainer, tok, kwargs, rows, states = _decision_states(env, case, tmp_path)
     assert any(len(p) > 2 for p in states["prompt"])  # the replayed wire-form call is among them
     rendered = render_prompts(states, tok, kwargs)["prompt"]
     batch = trainer.data_collator([trainer.train_dataset[i] for i in rows])
