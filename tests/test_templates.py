@@ -277,7 +277,6 @@ def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_
     including the row whose prompt replays a wire-form call (Qwen3.5's template rejects its string arguments)."""
     from rl.train import render_prompts
 
-    _, _, ds, _ = env
     trainer, tok, kwargs, rows, states = _decision_states(env, case, tmp_path)
     assert any(len(p) > 2 for p in states["prompt"])  # the replayed wire-form call is among them
     rendered = render_prompts(states, tok, kwargs)["prompt"]
