@@ -99,14 +99,47 @@ def _decode(policy, tok, texts: list[str], max_new: int, batch_size: int, k: int
     return completions
 
 
-def _policy_and_states(dataset_dir: str, model: str, split: str, n: int, config: str | None):
+def select_states(ds, n: int, scored: str | None = None, which: str = "in", shuffle: int | None = None):
+    """The states to score: with `scored` (an rl.train output directory), only the states its GRPO run drew a group
+    for (`which="in"`) or only the others (`"out"`), matched by rl.train.STATE_KEY; with `shuffle` (a seed), n
+    drawn at random instead of the first n (a pool lists the teacher's states before the student's)."""
+    from rl.train import STATE_KEY, scored_state_files
+
+    if which not in ("in", "out"):
+        raise ValueError(f"which must be 'in' or 'out', got {which!r}")
+    if scored:
+        lines = [json.loads(x) for f in scored_state_files(scored) for x in f.read_text().splitlines() if x.strip()]
+        keys = {tuple(str(x[k]) for k in STATE_KEY) for x in lines}
+        missing = [k for k in STATE_KEY if k not in ds.column_names]
+        if missing:
+            raise ValueError(f"these states have no {missing} columns to match {scored}'s scored states by")
+        rows = zip(*(ds[k] for k in STATE_KEY), strict=True)
+        idx = [i for i, r in enumerate(rows) if (tuple(map(str, r)) in keys) == (which == "in")]
+        if not idx:
+            where = "among" if which == "in" else "outside"
+            raise ValueError(f"no state of this split is {where} {scored}'s scored states")
+        ds = ds.select(idx)
+    if shuffle is not None:
+        ds = ds.shuffle(seed=shuffle)
+    return ds.select(range(min(n, len(ds))))
+
+
+def _policy_and_states(
+    dataset_dir: str,
+    model: str,
+    split: str,
+    n: int,
+    config: str | None,
+    scored: str | None = None,
+    which: str = "in",
+    shuffle: int | None = None,
+):
     from rewards import build_judge, use_judge
     from rl.train import load_config, load_policy, render_prompts
 
     # without --config: TRL's defaults (GRPOConfig, ModelConfig), the offline judge and the paper weights
     script, training, model_args = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": model})
-    ds = _load_split(dataset_dir, split)
-    ds = ds.select(range(min(n, len(ds))))
+    ds = select_states(_load_split(dataset_dir, split), n, scored, which, shuffle)
     policy, tok, _, _ = load_policy(model_args)
     policy.eval()
     texts = render_prompts(ds, tok, training.chat_template_kwargs)["prompt"]
@@ -122,15 +155,21 @@ def score(
     config: str | None = None,
     max_new_tokens: int | None = None,
     batch_size: int = 8,
+    scored: str | None = None,
+    which: str = "in",
+    shuffle: int | None = None,
 ) -> dict:
-    """Greedy-decode one decision for each of the first n states of `split` and average every reward component."""
-    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config)
+    """Greedy-decode one decision for each of the first n states of `split` (select_states: optionally only those a
+    GRPO run scored, or only the others, or n at random) and average every reward component."""
+    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config, scored, which, shuffle)
     completions = _decode(policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size)
     comps, means = _rewards(completions, ds, training, texts)
     matches = reference_matches(completions, ds["reference_action"])
     result = {
         "model": model,
         "split": split,
+        **({"scored": scored, "which": which} if scored else {}),
+        **({"shuffle": shuffle} if shuffle is not None else {}),
         "n": len(completions),
         **means,
         "judge_skipped": sum(v is None for v in comps["target"]),
@@ -149,6 +188,9 @@ def group_reach(
     max_new_tokens: int | None = None,
     batch_size: int = 16,
     seed: int = 0,
+    scored: str | None = None,
+    which: str = "in",
+    shuffle: int | None = None,
 ) -> dict:
     """What a GRPO group sees: k samples per state at the recipe's temperature, rewarded like RL. Reports how often
     the group holds the recorded (teacher) query / call at all (`any_query_match`: the states GRPO can pull towards
@@ -165,7 +207,7 @@ def group_reach(
 
     if k < 2:
         raise ValueError(f"group_reach needs k >= 2 samples per state, got {k}")
-    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config)
+    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config, scored, which, shuffle)
     torch.manual_seed(seed)
     completions = _decode(
         policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size, k, training.temperature
@@ -283,6 +325,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--samples", type=int, help="K: draw K decisions per state at the recipe's temperature (a GRPO group) instead"
     )
+    ap.add_argument(
+        "--scored",
+        metavar="RL_OUT",
+        help="only the states the GRPO run written to RL_OUT drew groups for (its scored_states.jsonl); see --which",
+    )
+    ap.add_argument("--which", choices=("in", "out"), default="in", help="with --scored: those states, or the others")
+    ap.add_argument("--shuffle", type=int, metavar="SEED", help="n states drawn at random (seeded), not the first n")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -291,9 +340,11 @@ def main(argv: list[str] | None = None) -> dict:
     elif not a.model:
         ap.error("--model is required (or --sensitivity)")
     elif a.samples:
-        res = group_reach(a.dataset_dir, a.model, a.samples, a.split, a.n, a.config, a.max_new_tokens)
+        sel = {"scored": a.scored, "which": a.which, "shuffle": a.shuffle}
+        res = group_reach(a.dataset_dir, a.model, a.samples, a.split, a.n, a.config, a.max_new_tokens, **sel)
     else:
-        res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens)
+        sel = {"scored": a.scored, "which": a.which, "shuffle": a.shuffle}
+        res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens, **sel)
     print(json.dumps(res))
     return res
 

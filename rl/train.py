@@ -227,7 +227,70 @@ def add_reference_completions(ds, tok, chat_template_kwargs: dict | None, eos_id
     return ds.map(one, desc="reference candidates")
 
 
-class ReferenceGuidedGRPOTrainer(GRPOTrainer):
+SCORED_STATES = "scored_states.jsonl"  # OUT/scored_states.jsonl: one line per state a GRPO group was drawn for
+STATE_KEY = ("task_id", "step", "origin", "round")  # what names a state in a pool (unique per rl_states split)
+
+
+def scored_state_files(rl_out: str | os.PathLike) -> list[Path]:
+    """The scored-state logs of one rl.train output directory (one per process on several processes)."""
+    files = sorted(Path(rl_out).glob("scored_states*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{rl_out}: no {SCORED_STATES}; it is written by rl.train while it trains")
+    return files
+
+
+class StateRecordingGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that writes, for every state it draws a group for while training, one JSON line to
+    OUT/scored_states.jsonl (OUT/scored_states.rank<R>.jsonl per process when there are several): the optimizer
+    step (completed steps when the group was drawn), the state's STATE_KEY fields, the G weighted rewards (null for a
+    completion every reward skipped) and the G advantages the loss used. Lines are appended as training goes, so a
+    crash keeps the groups scored so far. Why: GRPO scores a few hundred of the pool's thousands of states; this is
+    what tells the states it trained on from those it did not (`rl.score --scored OUT`)."""
+
+    _rewards_per_func = None
+    _scored_path: Path | None = None
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._rewards_per_func  # gathered over processes, as TRL uses it
+
+    def _generate_and_score_completions(self, inputs):
+        self._rewards_per_func = None
+        out = super()._generate_and_score_completions(inputs)
+        if self.model.training and self._rewards_per_func is not None:
+            self._record(inputs, out["advantages"])
+        return out
+
+    def _record(self, inputs: list[dict], advantages) -> None:
+        import torch
+
+        n, g = len(inputs), self.num_generations
+        rank = self.accelerator.process_index
+        per_func = self._rewards_per_func[rank * n : (rank + 1) * n].float().cpu()
+        weighted = (per_func * self.reward_weights.float().cpu().unsqueeze(0)).nansum(dim=1)
+        weighted[torch.isnan(per_func).all(dim=1)] = float("nan")
+        adv = advantages.float().cpu().tolist()
+        lines = []
+        for i in range(0, n - n % g, g):
+            row = inputs[i]
+            lines.append(
+                {"global_step": self.state.global_step}
+                | {k: row.get(k) for k in STATE_KEY}
+                | {
+                    "rewards": [None if r != r else round(r, 6) for r in weighted[i : i + g].tolist()],
+                    "advantages": [round(a, 6) for a in adv[i : i + g]],
+                }
+            )
+        if self._scored_path is None:  # first group of this run: start the file afresh
+            name = SCORED_STATES if self.accelerator.num_processes == 1 else f"scored_states.rank{rank}.jsonl"
+            self._scored_path = Path(self.args.output_dir) / name
+            self._scored_path.parent.mkdir(parents=True, exist_ok=True)
+            self._scored_path.write_text("")
+        with self._scored_path.open("a") as f:
+            f.writelines(json.dumps(x) + "\n" for x in lines)
+
+
+class ReferenceGuidedGRPOTrainer(StateRecordingGRPOTrainer):
     """GRPO whose groups hold the recorded reference decision as one of the G candidates (RLScriptArguments
     .reference_candidate). Why: on a student's own states the teacher's decision is rarely sampled (docs/training.md
     "The demo"), so no group can rank it above the wrong ones; with it in the group its advantage is its reward
@@ -358,7 +421,7 @@ def build_trainer(recipe: RLRecipe):
 
     compact_lm_head_on_cpu()  # CPU only: the policy's log-probs over completion tokens only (same loss, faster)
     with reference_built_like(model) as policy_cls:
-        trainer_cls = ReferenceGuidedGRPOTrainer if script.reference_candidate else GRPOTrainer
+        trainer_cls = ReferenceGuidedGRPOTrainer if script.reference_candidate else StateRecordingGRPOTrainer
         trainer = trainer_cls(
             model=model,
             reward_funcs=list(REWARD_FUNCS.values()),

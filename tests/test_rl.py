@@ -287,6 +287,21 @@ def test_grpo_smoke_logs_every_component_moves_the_policy_and_keeps_the_sft_refe
     assert [h["reward"] for h in s["history"]] == [h["reward"] for h in logged]
     assert s["metrics"]["reward"]["last_quarter_mean"] == logged[-1]["reward"]  # 4 steps: a quarter is one step
     assert (d / "out" / "tokenizer_config.json").exists()
+
+    # every group GRPO drew is logged with its state, G weighted rewards and the advantages the loss used
+    scored = [json.loads(x) for x in (d / "out" / "scored_states.jsonl").read_text().splitlines()]
+    g = trainer.num_generations
+    assert len(scored) == 4 * trainer.args.per_device_train_batch_size // g
+    pool = {(r["task_id"], r["step"], r["origin"], r["round"]) for r in trainer.train_dataset}
+    assert all((x["task_id"], x["step"], x["origin"], x["round"]) in pool for x in scored)
+    for h in logged:  # the step's logged mean reward is the mean over the groups recorded at that step
+        rewards = [r for x in scored if x["global_step"] == h["step"] - 1 for r in x["rewards"]]
+        assert len(rewards) == trainer.args.per_device_train_batch_size
+        assert sum(rewards) / len(rewards) == pytest.approx(h["reward"], abs=1e-4)
+    for x in scored:  # group-centred and std-scaled (TRL: unbiased std + 1e-4)
+        r, a = torch.tensor(x["rewards"]), torch.tensor(x["advantages"])
+        assert a.tolist() == pytest.approx(((r - r.mean()) / (r.std() + 1e-4)).tolist(), abs=1e-4)
+    assert any(len(set(x["rewards"])) > 1 for x in scored)
     with capsys.disabled():
         print(
             f"\n[grpo smoke] {s['steps']} steps, {s['s_per_step']} s/step (wall incl. init {wall:.1f}s), "
@@ -354,6 +369,51 @@ def test_score_reports_total_and_every_component_on_held_out_states(sft_policy):
         assert res[k] is not None and 0.0 <= res[k] <= 1.0
     expected = 0.1 * res["valid"] + 0.1 * res["gate"] + 0.2 * res["target"] + 0.6 * res["align"]
     assert res["total"] == pytest.approx(expected, abs=1e-6)  # no judge skips with the offline judge
+
+
+@pytest.mark.slow
+def test_score_splits_the_states_a_grpo_run_scored_from_the_others(sft_policy, tmp_path):
+    """rl.score --scored RL_OUT [--which out]: the greedy reward on the states a GRPO run drew groups for, or on the
+    others, read from its scored_states.jsonl (here written by hand for 2 of the eval states)."""
+    from datasets import load_from_disk
+
+    from rl.score import main
+
+    sft, data, _ = sft_policy
+    ev = load_from_disk(str(data))["eval"]
+    picked = [ev[i] for i in (1, 3)]
+    lines = [{"global_step": 0} | {k: r[k] for k in ("task_id", "step", "origin", "round")} for r in picked]
+    (tmp_path / "scored_states.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["--dataset_dir", str(data), "--model", str(sft), "--n", "64", "--max_new_tokens", "8"]
+    inside = main(args + ["--scored", str(tmp_path)])
+    outside = main(args + ["--scored", str(tmp_path), "--which", "out"])
+    assert inside["n"] == 2 and outside["n"] == len(ev) - 2 and inside["which"] == "in"
+
+
+def test_select_states_keeps_the_scored_states_or_the_others_matched_by_their_keys(tmp_path):
+    from datasets import Dataset
+
+    from rl.score import select_states
+
+    rows = [{"task_id": f"t{i // 3}", "step": i % 3 + 1, "origin": "onpolicy", "round": 1, "x": i} for i in range(12)]
+    ds = Dataset.from_list(rows)
+    log = [
+        {"global_step": s, "task_id": r["task_id"], "step": r["step"], "origin": r["origin"], "round": r["round"]}
+        for s, r in enumerate(rows[2:12:3])
+    ]  # the third state of each task, as rl.train writes them
+    (tmp_path / "scored_states.jsonl").write_text("".join(json.dumps(x) + "\n" for x in log))
+    assert select_states(ds, 100, str(tmp_path))["x"] == [2, 5, 8, 11]
+    assert select_states(ds, 100, str(tmp_path), "out")["x"] == [0, 1, 3, 4, 6, 7, 9, 10]
+    assert select_states(ds, 2, str(tmp_path), "out")["x"] == [0, 1]
+    drawn = select_states(ds, 5, str(tmp_path), "out", shuffle=0)["x"]
+    assert len(set(drawn)) == 5 and set(drawn) <= {0, 1, 3, 4, 6, 7, 9, 10} and drawn != [0, 1, 3, 4, 6]
+    assert drawn == select_states(ds, 5, str(tmp_path), "out", shuffle=0)["x"]  # seeded
+    # the same task and step from another round is another state
+    other = Dataset.from_list([r | {"round": 2} for r in rows])
+    with pytest.raises(ValueError, match="no state of this split is among"):
+        select_states(other, 100, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="scored_states.jsonl"):
+        select_states(ds, 100, str(tmp_path / "missing"))
 
 
 @pytest.mark.slow
