@@ -63,6 +63,13 @@ class RLScriptArguments:
             "(the teacher's action, rendered as SFT trains on it), scored by the same rewards; the paper samples all G"
         },
     )
+    placebo_rewards: bool = field(
+        default=False,
+        metadata={
+            "help": "control run: each group's G rewards are randomly permuted among its G completions before the "
+            "advantage, so updates have the real run's sizes and no information about which completion was better"
+        },
+    )
     judge: dict | str | None = field(
         default_factory=lambda: {"kind": "offline"},
         metadata={"help": "rewards.judge.JudgeConfig fields (a YAML mapping, or JSON on the command line)"},
@@ -239,20 +246,41 @@ def scored_state_files(rl_out: str | os.PathLike) -> list[Path]:
     return files
 
 
+def shuffle_within_groups(rewards, g: int, seed: int):
+    """`rewards` (N x F: a row per completion, G consecutive rows per state) with each group's rows randomly
+    permuted (one permutation per group, the same for every reward function; seeded). Rows past the last whole group
+    are left in place."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    n = rewards.shape[0] - rewards.shape[0] % g
+    perm = torch.cat(
+        [torch.randperm(g, generator=gen) + i for i in range(0, n, g)] + [torch.arange(n, rewards.shape[0])]
+    )
+    return rewards[perm.to(rewards.device)]
+
+
 class StateRecordingGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that writes, for every state it draws a group for while training, one JSON line to
     OUT/scored_states.jsonl (OUT/scored_states.rank<R>.jsonl per process when there are several): the optimizer
     step (completed steps when the group was drawn), the state's STATE_KEY fields, the G weighted rewards (null for a
-    completion every reward skipped) and the G advantages the loss used. Lines are appended as training goes, so a
+    completion every reward skipped; as the loss saw them, i.e. permuted in a placebo run) and the G advantages the
+    loss used. Lines are appended as training goes, so a
     crash keeps the groups scored so far. Why: GRPO scores a few hundred of the pool's thousands of states; this is
     what tells the states it trained on from those it did not (`rl.score --scored OUT`)."""
 
     _rewards_per_func = None
     _scored_path: Path | None = None
+    placebo_rewards = False  # RLScriptArguments.placebo_rewards: a control run (shuffle_within_groups)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        self._rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        return self._rewards_per_func  # gathered over processes, as TRL uses it
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.placebo_rewards and self.model.training:  # the same permutation on every process (same seed)
+            rewards = shuffle_within_groups(
+                rewards, self.num_generations, self.args.seed * 1_000_003 + self.state.global_step
+            )
+        self._rewards_per_func = rewards  # gathered over processes, as TRL uses it
+        return rewards
 
     def _generate_and_score_completions(self, inputs):
         self._rewards_per_func = None
@@ -430,6 +458,7 @@ def build_trainer(recipe: RLRecipe):
             processing_class=tok,
             peft_config=peft_config,
         )
+    trainer.placebo_rewards = script.placebo_rewards
     if training.beta and how == "full_ft_ref_loaded_from_sft_checkpoint":
         ref = trainer.accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
         ref_src = getattr(ref.config, "_name_or_path", None) if ref is not None else None

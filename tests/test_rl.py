@@ -570,3 +570,37 @@ def test_group_spread_shows_std_scaling_gives_near_ties_the_weight_of_real_gaps(
     assert group_spread(tie, k=4)["near_tie_advantage_share"] is None  # no advantage at all
     with pytest.raises(ValueError, match="groups of k"):
         group_spread([1.0, 0.5, 0.2], k=2)
+
+
+def test_placebo_rewards_permute_each_groups_rewards_among_its_completions_only(monkeypatch):
+    """`placebo_rewards: true` (a control run): the trainer's rewards are each group's own rows in a random order,
+    the same order for every reward function, so every group keeps its rewards (and advantage sizes) and loses
+    which completion earned which. Off, or outside training, the rewards are untouched."""
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from rl.train import StateRecordingGRPOTrainer, shuffle_within_groups
+
+    g, groups = 4, 50
+    rewards = torch.arange((g * groups + 3) * 2, dtype=torch.float32).view(-1, 2)  # 2 reward functions, 3 extra rows
+    shuffled = shuffle_within_groups(rewards, g, seed=7)
+    n = g * groups
+    for i in range(0, n, g):  # the same rows, each row's two rewards kept together
+        assert sorted(map(tuple, shuffled[i : i + g].tolist())) == sorted(map(tuple, rewards[i : i + g].tolist()))
+    assert torch.equal(shuffled[n:], rewards[n:])
+    moved = sum(not torch.equal(shuffled[i : i + g], rewards[i : i + g]) for i in range(0, n, g))
+    assert moved > groups // 2  # 23 of 24 orders move something
+    assert torch.equal(shuffled, shuffle_within_groups(rewards, g, seed=7))
+    assert not torch.equal(shuffled, shuffle_within_groups(rewards, g, seed=8))
+
+    monkeypatch.setattr(GRPOTrainer, "_calculate_rewards", lambda self, *a: rewards)
+    trainer = object.__new__(StateRecordingGRPOTrainer)
+    trainer.num_generations, trainer.args, trainer.state = g, SimpleNamespace(seed=0), SimpleNamespace(global_step=3)
+    trainer.model = SimpleNamespace(training=True)
+    assert torch.equal(trainer._calculate_rewards(None, None, None, None), rewards)  # off: the real rewards
+    trainer.placebo_rewards = True
+    assert torch.equal(trainer._calculate_rewards(None, None, None, None), shuffle_within_groups(rewards, g, 3))
+    assert torch.equal(trainer._rewards_per_func, shuffle_within_groups(rewards, g, 3))  # what scored_states logs
+    trainer.model.training = False
+    assert torch.equal(trainer._calculate_rewards(None, None, None, None), rewards)  # evaluation: never shuffled
