@@ -265,9 +265,9 @@ class StateRecordingGRPOTrainer(GRPOTrainer):
     OUT/scored_states.jsonl (OUT/scored_states.rank<R>.jsonl per process when there are several): the optimizer
     step (completed steps when the group was drawn), the state's STATE_KEY fields, the G weighted rewards (null for a
     completion every reward skipped; as the loss saw them, i.e. permuted in a placebo run) and the G advantages the
-    loss used. Lines are appended as training goes, so a
-    crash keeps the groups scored so far. Why: GRPO scores a few hundred of the pool's thousands of states; this is
-    what tells the states it trained on from those it did not (`rl.score --scored OUT`)."""
+    loss used. Lines are appended as training goes, so a crash keeps the groups scored so far. Why: GRPO scores a
+    few hundred of the pool's thousands of states; this tells the states it trained on from those it did not
+    (`rl.score --scored OUT`). Also the home of the `placebo_rewards` control (shuffle_within_groups)."""
 
     _rewards_per_func = None
     _scored_path: Path | None = None
