@@ -335,15 +335,14 @@ def main(argv: list[str] | None = None) -> dict:
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sel = {"scored": a.scored, "which": a.which, "shuffle": a.shuffle}  # which states a policy is scored on
     if a.sensitivity:
         res = reward_sensitivity(a.dataset_dir, a.split, a.n, a.config)
     elif not a.model:
         ap.error("--model is required (or --sensitivity)")
     elif a.samples:
-        sel = {"scored": a.scored, "which": a.which, "shuffle": a.shuffle}
         res = group_reach(a.dataset_dir, a.model, a.samples, a.split, a.n, a.config, a.max_new_tokens, **sel)
     else:
-        sel = {"scored": a.scored, "which": a.which, "shuffle": a.shuffle}
         res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens, **sel)
     print(json.dumps(res))
     return res
