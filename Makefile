@@ -81,9 +81,9 @@ serve: $(STAMP)  ## CONFIG=configs/serve/<recipe>.yaml (vLLM; GPU nodes with `pi
 serve-local: $(STAMP)  ## MODEL= PORT=: a transformers checkpoint as an OpenAI-compatible server on CPU
 	$(PY) -m serve.local --model $(or $(MODEL),$(RL_OUT)) --port $(or $(PORT),8008)
 
-eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS=
+eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS= | MERGE="OUT_A OUT_B ..." OUT=: pool finished evals (one per seed)
 	$(PY) -m serve.eval --config $(or $(CONFIG),configs/eval/embedded.yaml) $(if $(PLANNER),--planner $(PLANNER)) \
-		--out $(or $(OUT),runs/eval) $(if $(WORKERS),--workers $(WORKERS))
+		--out $(or $(OUT),runs/eval) $(if $(WORKERS),--workers $(WORKERS)) $(if $(MERGE),--merge $(MERGE))
 
 bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench

@@ -14,6 +14,9 @@ greedy decision scores (rl.score) of each checkpoint on held-out teacher states.
   {endpoint: {base_url, model, api_key_env, ...}}   any OpenAI-compatible server (vLLM on a GPU node, an API)
 A checkpoint or endpoint planner may add `runtime: {...}`, RuntimeConfig overrides for its cells only (e.g.
 {rejection_temperature: 0.7}); two planner names with the same checkpoints then compare runtimes on one model.
+
+`python -m serve.eval --merge OUT_A OUT_B ... --out OUT` pools finished evals run apart (one per seed or per node)
+into one summary.json and report.html, as if one config had listed them all (`merge_evals`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,13 +283,72 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
             for cell in cells:
                 if cells[cell]["planner"] == pname:
                     cells[cell]["heldout"] = scored
+    return write_summary(out, {"name": cfg.name, "split": cfg.split, "limit": cfg.limit}, cells, records)
+
+
+def write_summary(out: Path, head: dict, cells: dict[str, dict], records: dict[str, list[dict]]) -> dict:
+    """OUT/summary.json (head, the seeds pooled per planner, every cell) and OUT/report.html."""
     planners = pool_planners(cells, records)
-    summary = {"name": cfg.name, "split": cfg.split, "limit": cfg.limit, "planners": planners, "cells": cells}
+    summary = {**head, "planners": planners, "cells": cells}
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=1))
     os.replace(tmp, out / "summary.json")
-    write_report(out / "report.html", cfg.name, cells, records, planners)
+    write_report(out / "report.html", head["name"], cells, records, planners)
     return summary
+
+
+def merge_evals(inputs: list[str | Path], out: str | Path, name: str | None = None) -> dict:
+    """Several finished eval OUTs (e.g. one per training seed, run on different nodes) -> one OUT whose summary pools
+    them as if one config had listed every planner: each input cell is copied to OUT/cells/ (an ordinary collect run,
+    its `source` recorded); a cell name found in more than one input gets the planner name NAME@inK (NAME-inK where
+    NAME already has a seed suffix), K the input's position, so its seeds pool under NAME's family. The inputs must
+    share split and limit; their held-out scores travel with their cells."""
+    inputs, out = [Path(d) for d in inputs], Path(out)
+    if len(inputs) < 2:
+        raise ValueError("--merge needs at least two eval OUT directories")
+    heads = []
+    for d in inputs:
+        f = d / "summary.json"
+        if not f.is_file():
+            raise FileNotFoundError(f"{f} not found: merge finished evals (a stopped one resumes with the same --out)")
+        heads.append(json.loads(f.read_text()))
+        if out.resolve() == d.resolve():
+            raise ValueError(f"--out {out} is one of the inputs; merge into a new directory")
+    for key in ("split", "limit"):
+        vals = {json.dumps(h.get(key)) for h in heads}
+        if len(vals) > 1:
+            got = ", ".join(f"{d}: {h.get(key)!r}" for d, h in zip(inputs, heads, strict=True))
+            raise ValueError(f"the evals differ in {key} ({got}); only runs over the same tasks pool")
+    if (out / "cells").exists() and any((out / "cells").iterdir()):
+        raise RunDirError(f"{out}/cells is not empty; merge into a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, int] = {}
+    for h in heads:
+        for cell in h["cells"]:
+            seen[cell] = seen.get(cell, 0) + 1
+    cells: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
+    for k, (d, h) in enumerate(zip(inputs, heads, strict=True)):
+        for cell, s in h["cells"].items():
+            planner, rest = s["planner"], cell[len(s["planner"]) :]
+            if not cell.startswith(planner):
+                raise ValueError(f"{d}/summary.json: cell {cell!r} does not start with its planner {planner!r}")
+            if seen[cell] > 1:
+                planner = f"{planner}{'-' if '@' in planner else '@'}in{k}"
+            new = planner + rest
+            src = d / "cells" / cell
+            if not (src / "trajectories.jsonl").is_file():
+                raise FileNotFoundError(f"{src}/trajectories.jsonl not found (summary.json names cell {cell})")
+            shutil.copytree(src, out / "cells" / new)
+            cells[new] = {**s, "planner": planner, "source": str(src)}
+            records[new] = list(read_trajectories(out / "cells" / new / "trajectories.jsonl"))
+    head = {
+        "name": name or " + ".join(str(h.get("name")) for h in heads),
+        "split": heads[0].get("split"),
+        "limit": heads[0].get("limit"),
+        "merged_from": [str(d) for d in inputs],
+    }
+    return write_summary(out, head, cells, records)
 
 
 HELDOUT_SHOWN = ("valid", "reference_tool_match", "reference_query_match")
@@ -333,13 +396,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/eval")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--workers", default=None, help="worker processes per cell: N or 'auto' (docs/scale.md)")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="EVAL_OUT",
+        default=None,
+        help="pool finished eval OUTs (e.g. one per seed) into --out instead of running a config",
+    )
     args = ap.parse_args(argv)
     setup_logging()
     try:
-        cfg = load_eval_config(args.config, args.planner)
-        if args.workers is not None:
-            cfg.workers = args.workers
-        summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
+        if args.merge:
+            summary = merge_evals(args.merge, args.out)
+        else:
+            cfg = load_eval_config(args.config, args.planner)
+            if args.workers is not None:
+                cfg.workers = args.workers
+            summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -173,3 +173,52 @@ def test_per_planner_runtime_overrides_reach_only_that_planners_cells(tmp_path):
         cell_dir = tmp_path / "out" / "cells" / f"{name}__ledger__annotations"
         rec = json.loads((cell_dir / "trajectories.jsonl").read_text())
         assert sum("sampling" in s for s in rec["steps"]) == n_sampled
+
+
+def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
+    """Two evals of the same planner name (e.g. one per seed, on two nodes) merged == one eval listing both."""
+    from serve.eval import main, merge_evals
+
+    def cfg(planners, split="test"):
+        p = tmp_path / f"cfg{len(list(tmp_path.iterdir()))}.yaml"
+        p.write_text(yaml.safe_dump({"split": split, "limit": 3, "planners": planners}))
+        return load_eval_config(str(p))
+
+    a = run_eval(cfg({"teacher": "offline"}), tmp_path / "a")
+    run_eval(cfg({"teacher": "offline", "other": "offline"}), tmp_path / "b")
+    one = run_eval(cfg({"teacher@0": "offline", "teacher@1": "offline", "other": "offline"}), tmp_path / "one")
+    assert main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 0
+    merged = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert set(merged["cells"]) == {
+        "teacher@in0__ledger__annotations",
+        "teacher@in1__ledger__annotations",
+        "other__ledger__annotations",
+    }
+    assert merged["merged_from"] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    src = merged["cells"]["teacher@in1__ledger__annotations"]["source"]
+    assert src == str(tmp_path / "b" / "cells" / "teacher__ledger__annotations")
+    for cell in merged["cells"]:  # each cell is an ordinary collect run, copied
+        assert len(read_lines(tmp_path / "m" / "cells" / cell / "trajectories.jsonl")) == 3
+    pooled, want = merged["planners"], one["planners"]
+    assert set(pooled) == set(want) == {"teacher__ledger__annotations", "other__ledger__annotations"}
+    for key in want:  # every pooled figure but the cell names
+        assert {k: v for k, v in pooled[key].items() if k != "seeds"} == {
+            k: v for k, v in want[key].items() if k != "seeds"
+        }
+    assert pooled["teacher__ledger__annotations"]["n_task_runs"] == 6
+    assert pooled["teacher__ledger__annotations"]["n_seeds"] == 2
+    assert a["cells"]["teacher__ledger__annotations"]["n_tasks"] == 3
+    assert (tmp_path / "m" / "report.html").stat().st_size > 0
+    # bad inputs are refused with the reason
+    run_eval(cfg({"teacher": "offline"}, split="dev"), tmp_path / "dev")
+    with pytest.raises(ValueError, match="differ in split"):
+        merge_evals([tmp_path / "a", tmp_path / "dev"], tmp_path / "m2")
+    with pytest.raises(FileNotFoundError, match="summary.json"):
+        merge_evals([tmp_path / "a", tmp_path / "nowhere"], tmp_path / "m3")
+    with pytest.raises(ValueError, match="one of the inputs"):
+        merge_evals([tmp_path / "a", tmp_path / "b"], tmp_path / "b")
+    assert main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 2
+
+
+def read_lines(path):
+    return [line for line in path.read_text().splitlines() if line.strip()]
