@@ -355,8 +355,9 @@ HELDOUT_SHOWN = ("valid", "reference_tool_match", "reference_query_match")
 
 
 def format_planners(summary: dict) -> str:
+    w = max([36, *(len(k) for k in summary.get("planners", {}))])
     head = (
-        f"{'planner (seeds pooled)':36s} {'seeds':>5s} {'runs':>5s} {'acc':>7s} {'95% CI':>15s} {'answerable':>10s} "
+        f"{'planner (seeds pooled)':{w}s} {'seeds':>5s} {'runs':>5s} {'acc':>7s} {'95% CI':>15s} {'answerable':>10s} "
     )
     head += f"{'unans->ins':>10s} {'valid':>7s} {'rej.runs':>8s} {'heldout valid/tool/query':>25s}"
     lines = [head, "-" * len(head)]
@@ -364,7 +365,7 @@ def format_planners(summary: dict) -> str:
     for key, p in summary.get("planners", {}).items():
         ci, h = p["ci95"], p.get("heldout") or {}
         lines.append(
-            f"{key:36s} {p['n_seeds']:5d} {p['n_task_runs']:5d} {pct(p['accuracy']):>7s} "
+            f"{key:{w}s} {p['n_seeds']:5d} {p['n_task_runs']:5d} {pct(p['accuracy']):>7s} "
             f"{ci[0] * 100:6.1f}-{ci[1] * 100:5.1f}% {pct(p['answerable']['accuracy']):>10s} "
             f"{pct(p['unanswerable']['rate']):>10s} {pct(p['valid_action_rate']):>7s} "
             f"{p.get('tasks_with_rejected_reply', 0):8d} "
