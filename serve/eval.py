@@ -312,6 +312,8 @@ def merge_evals(inputs: list[str | Path], out: str | Path, name: str | None = No
         if not f.is_file():
             raise FileNotFoundError(f"{f} not found: merge finished evals (a stopped one resumes with the same --out)")
         heads.append(json.loads(f.read_text()))
+        if not isinstance(heads[-1].get("cells"), dict):
+            raise ValueError(f"{f} is not a serve.eval summary (no `cells`): pass eval OUT directories")
         if out.resolve() == d.resolve():
             raise ValueError(f"--out {out} is one of the inputs; merge into a new directory")
     for key in ("split", "limit"):

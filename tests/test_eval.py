@@ -215,6 +215,8 @@ def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
         merge_evals([tmp_path / "a", tmp_path / "dev"], tmp_path / "m2")
     with pytest.raises(FileNotFoundError, match="summary.json"):
         merge_evals([tmp_path / "a", tmp_path / "nowhere"], tmp_path / "m3")
+    with pytest.raises(ValueError, match="not a serve.eval summary"):  # a collect run's OUT, not an eval's
+        merge_evals([tmp_path / "a", tmp_path / "a" / "cells" / "teacher__ledger__annotations"], tmp_path / "m4")
     with pytest.raises(ValueError, match="one of the inputs"):
         merge_evals([tmp_path / "a", tmp_path / "b"], tmp_path / "b")
     assert main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 2
