@@ -200,7 +200,12 @@ def load_eval_config(path: str, planner: str | None = None) -> EvalConfig:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"eval config not found: {p}")
-    raw = yaml.safe_load(p.read_text()) or {}
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:  # e.g. an unquoted "a: b" inside a value
+        raise ValueError(f"{p}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{p}: expected a mapping of eval settings, got {type(raw).__name__}")
     known = {f.name for f in dataclasses.fields(EvalConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:

@@ -103,6 +103,16 @@ def test_planner_argument_forms(tmp_path):
         parse_planner_arg(str(tmp_path / "missing"))
 
 
+def test_eval_config_with_broken_yaml_is_a_clear_error(tmp_path):
+    p = tmp_path / "e.yaml"
+    p.write_text("split: test\nname: seed 1, dev split: round 1\n")  # an unquoted colon in a value
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_eval_config(str(p))
+    p.write_text("- teacher\n")
+    with pytest.raises(ValueError, match="expected a mapping"):
+        load_eval_config(str(p))
+
+
 def test_eval_config_rejects_unknown_keys_and_bad_planners(tmp_path):
     p = tmp_path / "e.yaml"
     p.write_text(yaml.safe_dump({"planerz": {}}))
