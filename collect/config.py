@@ -399,12 +399,9 @@ def shard_of(task_id: str, n: int) -> int:
     return int.from_bytes(hashlib.sha256(f"shard:{task_id}".encode()).digest()[:8], "big") % n
 
 
-def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:
-    """Read a YAML recipe. Every problem (a missing file, YAML syntax, text that is not UTF-8, a key that does not
-    exist, a value of the wrong type or out of range) is a ConfigError naming the file and the field."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"config file not found: {p}")
+def read_yaml_mapping(p: Path) -> dict:
+    """A YAML file's top-level mapping ({} for an empty file); text that is not UTF-8, a syntax error or a top level
+    that is not a mapping is a ConfigError naming the file (and the line)."""
     try:
         raw = yaml.safe_load(p.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -417,6 +414,16 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Colle
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{p}: expected a mapping of config keys at the top level, got {type(raw).__name__}")
+    return raw
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:
+    """Read a YAML recipe. Every problem (a missing file, YAML syntax, text that is not UTF-8, a key that does not
+    exist, a value of the wrong type or out of range) is a ConfigError naming the file and the field."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"config file not found: {p}")
+    raw = read_yaml_mapping(p)
     for k, v in (overrides or {}).items():
         if v is not None:
             raw[k] = v

@@ -22,6 +22,7 @@ into one summary.json and report.html, as if one config had listed them all (`me
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -33,9 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from collect.config import EndpointConfig, RuntimeConfig, load_config
+from collect.config import EndpointConfig, RuntimeConfig, load_config, read_yaml_mapping
 from collect.run import RunDirError, run_collection, setup_logging
 from collect.trajectory import read_trajectories
 from serve.report import write_report
@@ -200,12 +199,7 @@ def load_eval_config(path: str, planner: str | None = None) -> EvalConfig:
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"eval config not found: {p}")
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:  # e.g. an unquoted "a: b" inside a value
-        raise ValueError(f"{p}: not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise ValueError(f"{p}: expected a mapping of eval settings, got {type(raw).__name__}")
+    raw = read_yaml_mapping(p)  # a syntax error or a non-mapping: ConfigError (a ValueError) naming the file
     known = {f.name for f in dataclasses.fields(EvalConfig)}
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -329,10 +323,7 @@ def merge_evals(inputs: list[str | Path], out: str | Path, name: str | None = No
     if (out / "cells").exists() and any((out / "cells").iterdir()):
         raise RunDirError(f"{out}/cells is not empty; merge into a new directory")
     out.mkdir(parents=True, exist_ok=True)
-    seen: dict[str, int] = {}
-    for h in heads:
-        for cell in h["cells"]:
-            seen[cell] = seen.get(cell, 0) + 1
+    seen = collections.Counter(cell for h in heads for cell in h["cells"])
     cells: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
     for k, (d, h) in enumerate(zip(inputs, heads, strict=True)):

@@ -106,10 +106,10 @@ def test_planner_argument_forms(tmp_path):
 def test_eval_config_with_broken_yaml_is_a_clear_error(tmp_path):
     p = tmp_path / "e.yaml"
     p.write_text("split: test\nname: seed 1, dev split: round 1\n")  # an unquoted colon in a value
-    with pytest.raises(ValueError, match="not valid YAML"):
+    with pytest.raises(ValueError, match="YAML syntax error at line 2"):
         load_eval_config(str(p))
     p.write_text("- teacher\n")
-    with pytest.raises(ValueError, match="expected a mapping"):
+    with pytest.raises(ValueError, match="expected a mapping of config keys"):
         load_eval_config(str(p))
 
 
@@ -187,6 +187,7 @@ def test_per_planner_runtime_overrides_reach_only_that_planners_cells(tmp_path):
 
 def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
     """Two evals of the same planner name (e.g. one per seed, on two nodes) merged == one eval listing both."""
+    from collect.trajectory import read_trajectories
     from serve.eval import main, merge_evals
 
     def cfg(planners, split="test"):
@@ -208,7 +209,7 @@ def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
     src = merged["cells"]["teacher@in1__ledger__annotations"]["source"]
     assert src == str(tmp_path / "b" / "cells" / "teacher__ledger__annotations")
     for cell in merged["cells"]:  # each cell is an ordinary collect run, copied
-        assert len(read_lines(tmp_path / "m" / "cells" / cell / "trajectories.jsonl")) == 3
+        assert len(read_trajectories(tmp_path / "m" / "cells" / cell / "trajectories.jsonl")) == 3
     pooled, want = merged["planners"], one["planners"]
     assert set(pooled) == set(want) == {"teacher__ledger__annotations", "other__ledger__annotations"}
     for key in want:  # every pooled figure but the cell names
@@ -230,7 +231,3 @@ def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
     with pytest.raises(ValueError, match="one of the inputs"):
         merge_evals([tmp_path / "a", tmp_path / "b"], tmp_path / "b")
     assert main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 2
-
-
-def read_lines(path):
-    return [line for line in path.read_text().splitlines() if line.strip()]
