@@ -50,6 +50,16 @@ PERCEPTION_TOOLS = {
 GLOBAL_TOOLS = ("web_search", "code_executor", "finish")
 ALL_TOOLS = ("subtitle_grounding", "audio_scout", "clip_grounding", "frame_confirm") + GLOBAL_TOOLS
 
+# A time window named in a need's text or query_focus ("between 35 s and 50 s", "12s-20s"): the teacher's time_range
+# for a perception call on that need, and what collect.summary.window_stats checks a planner's calls against.
+TIME_WINDOW_RE = re.compile(r"(\d+(?:\.\d+)?)\s*s\s*(?:and|to|-|–)\s*(\d+(?:\.\d+)?)\s*s\b")
+
+
+def parse_time_range(text: str) -> tuple[float, float] | None:
+    m = TIME_WINDOW_RE.search(text or "")
+    return (float(m.group(1)), float(m.group(2))) if m else None
+
+
 # Which tools serve which preferred_source (used by can_advance and by planners that route by source).
 SOURCE_TOOLS = {
     "subtitle": ("subtitle_grounding",),

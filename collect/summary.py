@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-from collect.ledger import OUTCOMES
+from collect.ledger import ALL_TOOLS, GLOBAL_TOOLS, OUTCOMES, parse_time_range
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -59,6 +59,44 @@ def planner_step_stats(records: list[dict]) -> dict:
         "valid_action_rate": (valid / total) if total else None,
         "tasks_with_rejected_reply": tasks_rejected,
         "most_rejected_in_one_task": most,
+    }
+
+
+def window_stats(records: list[dict]) -> dict:
+    """Time windows copied into perception calls. A windowed call is a perception call aimed (need_index) at a need
+    whose query_focus (or need text) names a window, e.g. "between 35 s and 50 s" (collect.ledger.parse_time_range);
+    it matches when its time_range is that window. The offline teacher always passes the need's window; a small
+    planner that writes a memorised window (15-30 s) instead searches the wrong part of the asset and ends
+    "insufficient". Counted from each step's recorded ledger_before, so any run's records serve."""
+    perception = set(ALL_TOOLS) - set(GLOBAL_TOOLS)
+    calls = matches = tasks_wrong = 0
+    for r in records:
+        wrong = False
+        for s in r.get("steps", []):
+            a, needs = s.get("action"), (s.get("ledger_before") or {}).get("needs") or []
+            if not isinstance(a, dict) or a.get("name") not in perception:
+                continue
+            args = a.get("arguments") or {}
+            i = args.get("need_index")
+            if type(i) is not int or not 0 <= i < len(needs):
+                continue
+            window = parse_time_range(needs[i].get("query_focus")) or parse_time_range(needs[i].get("need"))
+            if window is None:
+                continue
+            calls += 1
+            tr = args.get("time_range")
+            try:
+                ok = tr is not None and len(tr) == 2 and (float(tr[0]), float(tr[1])) == window
+            except (TypeError, ValueError):
+                ok = False
+            matches += ok
+            wrong |= not ok
+        tasks_wrong += wrong
+    return {
+        "windowed_calls": calls,
+        "window_matches": matches,
+        "window_match_rate": (matches / calls) if calls else None,
+        "tasks_with_wrong_window": tasks_wrong,
     }
 
 
@@ -160,6 +198,7 @@ def summarize(records: list[dict], prices_configured: bool = False) -> dict:
         "planner_prompt_tokens_by_step": {str(k): round(mean(v), 1) for k, v in sorted(tokens_by_step.items())},
         "planner_prompt_chars_by_step": {str(k): round(mean(v), 1) for k, v in sorted(chars_by_step.items())},
         **planner_step_stats(records),
+        "time_windows": window_stats(records),
         "closure_audit": closure_audit(records),
         "faults": dict(sorted(faults.items())),  # endpoint faults seen by the chat client (retried or not)
         "model_errors": dict(sorted(model_errors.items())),  # role:kind -> count (unusable model output)

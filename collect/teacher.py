@@ -36,6 +36,7 @@ from collect.ledger import (
     can_advance,
     canonical_args,
     normalize_value,
+    parse_time_range,
     ready,
 )
 from collect.roles.base import PlannerReply, Roles, Usage
@@ -45,7 +46,6 @@ from collect.world.compute import program
 TEACHER_MODEL = "offline-teacher"
 PERCEPTION_ORDER = ("subtitle_grounding", "frame_confirm", "audio_scout", "clip_grounding")
 _NUM_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_RANGE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*s\s*(?:and|to|-|–)\s*(\d+(?:\.\d+)?)\s*s\b")
 
 
 def _usage() -> Usage:
@@ -357,11 +357,6 @@ _STOP = frozenset(
     "the and for with from that this what which who whom whose when where how many much does did was were are "
     "its their his her into onto about video audio image clip".split()
 )
-
-
-def parse_time_range(text: str) -> tuple[float, float] | None:
-    m = _RANGE_RE.search(text)
-    return (float(m.group(1)), float(m.group(2))) if m else None
 
 
 class TeacherPlanner:

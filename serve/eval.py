@@ -141,7 +141,7 @@ def pool_planners(cells: dict[str, dict], records: dict[str, list[dict]]) -> dic
     """Cells of the same planner family, arm and perception (the seeds of one planner) pooled: every task run counts
     once in the Wilson interval; per-seed accuracies and held-out scores are listed beside it."""
     from collect.ledger import OUTCOMES
-    from collect.summary import _acc, planner_step_stats
+    from collect.summary import _acc, planner_step_stats, window_stats
 
     groups: dict[str, list[str]] = {}
     for cell, s in cells.items():
@@ -167,6 +167,7 @@ def pool_planners(cells: dict[str, dict], records: dict[str, list[dict]]) -> dic
             "planner_calls": steps["planner_calls"],
             "tasks_with_rejected_reply": steps["tasks_with_rejected_reply"],
             "most_rejected_in_one_task": steps["most_rejected_in_one_task"],
+            "time_windows": window_stats(recs),
             **task_type_stats(recs),
             "heldout": {
                 k: sum(h[k] for h in heldout) / len(heldout)
@@ -357,7 +358,7 @@ def format_planners(summary: dict) -> str:
     head = (
         f"{'planner (seeds pooled)':{w}s} {'seeds':>5s} {'runs':>5s} {'acc':>7s} {'95% CI':>15s} {'answerable':>10s} "
     )
-    head += f"{'unans->ins':>10s} {'valid':>7s} {'rej.runs':>8s} {'heldout valid/tool/query':>25s}"
+    head += f"{'unans->ins':>10s} {'valid':>7s} {'rej.runs':>8s} {'window':>7s} {'heldout valid/tool/query':>25s}"
     lines = [head, "-" * len(head)]
     pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     for key, p in summary.get("planners", {}).items():
@@ -367,6 +368,7 @@ def format_planners(summary: dict) -> str:
             f"{ci[0] * 100:6.1f}-{ci[1] * 100:5.1f}% {pct(p['answerable']['accuracy']):>10s} "
             f"{pct(p['unanswerable']['rate']):>10s} {pct(p['valid_action_rate']):>7s} "
             f"{p.get('tasks_with_rejected_reply', 0):8d} "
+            f"{pct((p.get('time_windows') or {}).get('window_match_rate')):>7s} "
             f"{'/'.join(pct(h.get(k)) for k in HELDOUT_SHOWN) if h else '-':>25s}"
         )
     return "\n".join(lines)

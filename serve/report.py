@@ -175,6 +175,7 @@ def planners_table(planners: dict[str, dict]) -> str:
         ci, h = p.get("ci95") or [None, None], p.get("heldout") or {}
         ans, una = p.get("answerable") or {}, p.get("unanswerable") or {}
         seeds = ", ".join(_pct(a) for a in p.get("seed_accuracies", []))
+        tw = p.get("time_windows") or {}
         rows.append(
             f"<tr><td>{_e(key)}</td><td>{p.get('n_seeds')}</td><td>{p.get('n_task_runs')}</td>"
             f"<td>{_pct(p.get('accuracy'))}</td><td>{_pct(ci[0])}–{_pct(ci[1])}</td><td>{_e(seeds)}</td>"
@@ -183,6 +184,8 @@ def planners_table(planners: dict[str, dict]) -> str:
             f"{una.get('declared_insufficient', 0)} declared)</td>"
             f"<td>{_pct(p.get('valid_action_rate'))} ({p.get('tasks_with_rejected_reply', 0)} runs; "
             f"max {p.get('most_rejected_in_one_task', 0)})</td>"
+            f"<td>{_pct(tw.get('window_match_rate'))} ({tw.get('window_matches', 0)}/{tw.get('windowed_calls', 0)}; "
+            f"{tw.get('tasks_with_wrong_window', 0)} runs off)</td>"
             + "".join(f"<td>{p.get('outcomes', {}).get(o, 0)}</td>" for o in OUTCOMES)
             + f"<td>{_pct(h.get('valid'))}</td><td>{_pct(h.get('reference_tool_match'))}</td>"
             f"<td>{_pct(h.get('reference_query_match'))}</td></tr>"
@@ -191,13 +194,15 @@ def planners_table(planners: dict[str, dict]) -> str:
         "<h2>Planners (seeds pooled)</h2><table><tr><th>planner</th><th>seeds</th><th>task runs</th><th>accuracy</th>"
         "<th>95% CI</th><th>per seed</th><th>answerable acc.</th><th>unanswerable → insufficient</th>"
         "<th>valid own steps (runs with a rejected reply; most in one run)</th>"
+        "<th>time window copied (calls; runs with a wrong one)</th>"
         + "".join(f"<th>{o}</th>" for o in OUTCOMES)
         + "<th>held-out valid</th><th>held-out same tool</th><th>held-out same query</th></tr>"
         + "".join(rows)
         + "</table><p class='muted'>held-out: greedy decisions on teacher-visited states of unseen tasks "
         "(rl.score), mean over seeds; same query: the teacher's query string exactly, on states whose teacher "
         "call has one (it is built from the need's query_focus); '-' = not scored (teacher, or no heldout in the "
-        "eval config). "
+        'eval config). Time window copied: perception calls on a need whose focus names a window ("between 35 s '
+        'and 50 s") that pass that window as time_range (collect.summary.window_stats). '
         "Unanswerable tasks end 'insufficient' when the budget runs out too; 'declared' counts the runs that stopped "
         "with outcome insufficient.</p>"
     )

@@ -91,7 +91,8 @@ def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_re
     assert p.external == [], "the report must open from disk with no network"
     assert p.tags.count("svg") >= 2 and "table" in p.tags and "details" in p.tags
     text = " ".join(p.text)
-    for needle in ("planner prompt tokens per call", "Per-task viewer", "planner saw", "ledger diff", "outcomes"):
+    needles = ("planner prompt tokens per call", "Per-task viewer", "planner saw", "ledger diff", "outcomes")
+    for needle in (*needles, "time window copied"):
         assert needle in text, needle
 
 
