@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from collect.actions import Action, ActionError, offers_value_refs, resolve_value_refs
-from collect.ledger import SOURCE_TOOLS, Ledger, call_signature, canonical_args, normalize_value, ready
+from collect.ledger import (
+    SOURCE_TOOLS,
+    Ledger,
+    call_signature,
+    canonical_args,
+    normalize_value,
+    parse_time_range,
+    ready,
+)
 from rewards.rules import check_candidate, completion_text, ledger_of, load_json_column
 
 log = logging.getLogger(__name__)
@@ -245,6 +253,25 @@ def _query_overlap(args: dict, focus_tokens: set[str]) -> float:
     return min(1.0, len(cand & focus_tokens) / max(1, min(len(focus_tokens), 6)))
 
 
+def window_coverage(args: dict, need) -> float:
+    """Share of the time window the need names ("between 35 s and 50 s"; collect.ledger.parse_time_range) that the
+    call's time_range covers: 1.0 when the need names none or the call gives no range (the whole asset is searched),
+    0.0 when the call searches elsewhere. A tool only returns what lies in its range, so a call outside the window
+    cannot fill the need, however well its query reads."""
+    window = parse_time_range(need.query_focus) or parse_time_range(need.need)
+    tr = args.get("time_range")
+    if window is None or tr is None:
+        return 1.0
+    try:
+        lo, hi = float(tr[0]), float(tr[1])
+    except (TypeError, ValueError, IndexError, KeyError):
+        return 0.0
+    w0, w1 = window
+    if w1 <= w0:
+        return 1.0 if lo <= w0 <= hi else 0.0
+    return max(0.0, min(hi, w1) - max(lo, w0)) / (w1 - w0)
+
+
 def offline_scores(state: JudgeState, action: Action | None, error: str | None) -> JudgeScore:
     """Deterministic target/align from the ledger snapshot. Invalid actions score 0 on both."""
     if action is None or error is not None:
@@ -275,15 +302,17 @@ def offline_scores(state: JudgeState, action: Action | None, error: str | None) 
             source_ok = 1.0 if action.name in SOURCE_TOOLS.get(nd.preferred_source, ()) else 0.0
             return source_ok, _query_overlap(action.arguments, focus)
 
+        cover = 1.0  # the share of the target need's time window the call searches
+
         if isinstance(ni, int) and not isinstance(ni, bool) and ni in targets:
             source_ok, overlap = fit(ni)
-            addressed = 1.0
+            addressed, cover = 1.0, window_coverage(action.arguments, L.needs[ni])
         elif ni is None:  # no declared target: credit the best-fitting actionable need, at half weight
             source_ok, overlap = max(fit(i) for i in targets)
             addressed = 0.5
         else:  # targets a filled, blocked or nonexistent need
             source_ok, overlap, addressed = 0.0, 0.0, 0.0
-        target = round(0.4 * addressed + 0.3 * source_ok + 0.3 * overlap, 4) if addressed else 0.0
+        target = round((0.4 * addressed + 0.3 * source_ok + 0.3 * overlap) * cover, 4) if addressed else 0.0
 
     same = ref.get("name") == action.name and canonical_args(ref.get("arguments")) == canonical_args(action.arguments)
     if same:
@@ -294,7 +323,11 @@ def offline_scores(state: JudgeState, action: Action | None, error: str | None) 
         ref_tokens = set().union(
             *(_tokens(v) for k, v in (ref.get("arguments") or {}).items() if isinstance(v, str)), set()
         )
-        align = round(0.6 + 0.3 * _query_overlap(action.arguments, ref_tokens), 4)
+        # the reference's tool on its need with another query or window: worth its query overlap, scaled by the share
+        # of the need's time window the call still searches
+        ok_index = type(ni) is int and 0 <= ni < len(L.needs)
+        cover = window_coverage(action.arguments, L.needs[ni]) if ok_index else 1.0
+        align = round((0.6 + 0.3 * _query_overlap(action.arguments, ref_tokens)) * cover, 4)
     else:
         align = round(0.6 * target, 4)  # an alternative path is worth what its targeting is worth
     return JudgeScore(float(target), float(align))
