@@ -72,6 +72,13 @@ class JudgeConfig:
     temperature: float = field(default=0.0, metadata={"help": "judge sampling temperature"})
     max_tokens: int = field(default=256, metadata={"help": "judge reply budget"})
     cache_path: str | None = field(default=None, metadata={"help": "optional JSONL cache shared across runs"})
+    time_windows: bool = field(
+        default=False,
+        metadata={
+            "help": "offline judge: a media call's target and align scale with the share of the time window its need "
+            "names that its time_range covers (rewards.judge.window_coverage); false scores the query words only"
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -132,9 +139,9 @@ def _resolved(ref: dict, ledger: Ledger) -> dict:
         return ref
 
 
-def pair_key(state: JudgeState, text: str) -> str:
-    """Cache key of one (state, completion) pair."""
-    return hashlib.sha256(f"{state.key}\x00{text}".encode()).hexdigest()[:32]
+def pair_key(state: JudgeState, text: str, judge: str = "") -> str:
+    """Cache key of one (state, completion) pair under one judge and its scoring settings (Judge.cache_tag)."""
+    return hashlib.sha256(f"{judge}\x00{state.key}\x00{text}".encode()).hexdigest()[:32]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -146,6 +153,12 @@ class Judge:
     """Scores candidates once per (state, completion) and remembers the result; subclasses implement ``_judge``."""
 
     name = "judge"
+
+    @property
+    def cache_tag(self) -> str:
+        """What a cached score depends on besides the pair: the judge and its scoring settings (a cache file shared
+        by two judges, or by one judge before and after a setting changed, must not hand one the other's scores)."""
+        return self.name
 
     def __init__(self, cache_path: str | os.PathLike | None = None):
         self.cache: dict[str, JudgeScore] = {}
@@ -168,7 +181,7 @@ class Judge:
     async def score(self, state: JudgeState, completion: Any) -> JudgeScore | None:
         """One score per (state, completion); repeated pairs hit the cache, concurrent ones share the call."""
         text = completion_text(completion)
-        key = pair_key(state, text)
+        key = pair_key(state, text, self.cache_tag)
         if key in self.cache:
             self.stats["cache_hits"] += 1
             return self.cache[key]
@@ -272,8 +285,11 @@ def window_coverage(args: dict, need) -> float:
     return max(0.0, min(hi, w1) - max(lo, w0)) / (w1 - w0)
 
 
-def offline_scores(state: JudgeState, action: Action | None, error: str | None) -> JudgeScore:
-    """Deterministic target/align from the ledger snapshot. Invalid actions score 0 on both."""
+def offline_scores(
+    state: JudgeState, action: Action | None, error: str | None, time_windows: bool = False
+) -> JudgeScore:
+    """Deterministic target/align from the ledger snapshot. Invalid actions score 0 on both. time_windows: a media
+    call's target and align are scaled by window_coverage (the share of its need's named window it searches)."""
     if action is None or error is not None:
         return JudgeScore(0.0, 0.0)
     L = state.ledger
@@ -306,7 +322,8 @@ def offline_scores(state: JudgeState, action: Action | None, error: str | None) 
 
         if isinstance(ni, int) and not isinstance(ni, bool) and ni in targets:
             source_ok, overlap = fit(ni)
-            addressed, cover = 1.0, window_coverage(action.arguments, L.needs[ni])
+            addressed = 1.0
+            cover = window_coverage(action.arguments, L.needs[ni]) if time_windows else 1.0
         elif ni is None:  # no declared target: credit the best-fitting actionable need, at half weight
             source_ok, overlap = max(fit(i) for i in targets)
             addressed = 0.5
@@ -326,7 +343,7 @@ def offline_scores(state: JudgeState, action: Action | None, error: str | None) 
         # the reference's tool on its need with another query or window: worth its query overlap, scaled by the share
         # of the need's time window the call still searches
         ok_index = type(ni) is int and 0 <= ni < len(L.needs)
-        cover = window_coverage(action.arguments, L.needs[ni]) if ok_index else 1.0
+        cover = window_coverage(action.arguments, L.needs[ni]) if time_windows and ok_index else 1.0
         align = round((0.6 + 0.3 * _query_overlap(action.arguments, ref_tokens)) * cover, 4)
     else:
         align = round(0.6 * target, 4)  # an alternative path is worth what its targeting is worth
@@ -338,9 +355,17 @@ class OfflineJudge(Judge):
 
     name = "offline_judge"
 
+    def __init__(self, cache_path: str | os.PathLike | None = None, time_windows: bool = False):
+        super().__init__(cache_path)
+        self.time_windows = time_windows
+
+    @property
+    def cache_tag(self) -> str:
+        return self.name + ("+time_windows" if self.time_windows else "")
+
     async def _judge(self, state: JudgeState, completion: Any, text: str) -> JudgeScore | None:
         action, error = check_candidate(completion, state.tools, state.values)
-        return offline_scores(state, action, error)
+        return offline_scores(state, action, error, self.time_windows)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -400,6 +425,11 @@ class OpenAIJudge(Judge):
         self.usage = Usage(model=cfg.model)
         self.template = Path(cfg.prompt_path).read_text()
         self._per_loop: dict[int, tuple[Any, asyncio.AbstractEventLoop]] = {}
+
+    @property
+    def cache_tag(self) -> str:
+        rubric = hashlib.sha256(self.template.encode()).hexdigest()[:12]
+        return f"{self.name}:{self.cfg.model}:{self.cfg.temperature}:{rubric}"
 
     def _client(self):
         """A ChatClient per event loop (TRL runs async rewards on its own loop; scripts use asyncio.run); its semaphore
@@ -472,7 +502,7 @@ def build_judge(cfg: JudgeConfig | dict | None) -> Judge:
             raise ValueError(f"unknown judge config key(s) {sorted(unknown)}")
         cfg = JudgeConfig(**cfg)
     if cfg.kind == "offline":
-        return OfflineJudge(cfg.cache_path)
+        return OfflineJudge(cfg.cache_path, time_windows=cfg.time_windows)
     if cfg.kind == "openai":
         return OpenAIJudge(cfg)
     raise ValueError(f"judge.kind={cfg.kind!r}; expected 'offline' or 'openai'")

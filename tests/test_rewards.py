@@ -159,7 +159,7 @@ def test_offline_judge_ranks_reference_above_off_target_actions(st):
 def test_offline_judge_scores_a_call_outside_the_needs_time_window_as_one_that_cannot_fill_it(recorded_states):
     # the teacher's call on a need whose focus names a window ("between 35 s and 50 s"), and the same call moved: a
     # tool returns only what lies in its range, so a memorised 15-30 s window cannot fill the need
-    use_judge(OfflineJudge())
+    use_judge(build_judge({"kind": "offline", "time_windows": True}))
     row = next(r for r in recorded_states if json.loads(r["reference_action"])["arguments"].get("time_range"))
     ref = json.loads(row["reference_action"])
     w = [float(x) for x in ref["arguments"]["time_range"]]
@@ -173,6 +173,22 @@ def test_offline_judge_scores_a_call_outside_the_needs_time_window_as_one_that_c
     assert t[1] == a[1] == 0.0  # searches elsewhere
     assert t[0] / 2 == pytest.approx(t[2], abs=1e-3) and 0.0 < a[2] < a[3]  # half the window, half the targeting
     assert t[3] == t[0] and 0.6 <= a[3] < 1.0  # a range that covers the window: as targeted, another query string
+    use_judge(OfflineJudge())  # time_windows off (the default): the moved call keeps the query's credit
+    t_off = run(target(calls, **cols(row, 4)))
+    assert t_off[1] == t_off[0]
+
+
+def test_a_judge_cache_file_keeps_scores_apart_per_judge_setting(st, tmp_path):
+    # one cache file, the offline judge with and without time_windows: neither reads the other's score for a pair
+    row = st.open
+    c = [ref_text(row)]
+    cache = tmp_path / "judge.jsonl"
+    for flag in (False, True, False):
+        use_judge(build_judge({"kind": "offline", "time_windows": flag, "cache_path": str(cache)}))
+        run(target(c, **cols(row, 1)))
+    use_judge(OfflineJudge())
+    lines = cache.read_text().splitlines()
+    assert len(lines) == 2  # one entry per setting; the third judge (as the first) found its own
 
 
 def test_offline_judge_finish_needs_closed_evidence_and_the_gold_answer(st):
