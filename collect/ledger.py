@@ -60,6 +60,11 @@ def parse_time_range(text: str) -> tuple[float, float] | None:
     return (float(m.group(1)), float(m.group(2))) if m else None
 
 
+def need_window(query_focus: str | None, need: str | None) -> tuple[float, float] | None:
+    """The time window a need names: in its query_focus, else in its text (None: it names none)."""
+    return parse_time_range(query_focus or "") or parse_time_range(need or "")
+
+
 # Which tools serve which preferred_source (used by can_advance and by planners that route by source).
 SOURCE_TOOLS = {
     "subtitle": ("subtitle_grounding",),

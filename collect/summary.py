@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-from collect.ledger import ALL_TOOLS, GLOBAL_TOOLS, OUTCOMES, parse_time_range
+from collect.ledger import ALL_TOOLS, GLOBAL_TOOLS, OUTCOMES, need_window
 
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -64,10 +64,9 @@ def planner_step_stats(records: list[dict]) -> dict:
 
 def window_stats(records: list[dict]) -> dict:
     """Time windows copied into perception calls. A windowed call is a perception call aimed (need_index) at a need
-    whose query_focus (or need text) names a window, e.g. "between 35 s and 50 s" (collect.ledger.parse_time_range);
-    it matches when its time_range is that window. The offline teacher always passes the need's window; a small
-    planner that writes a memorised window (15-30 s) instead searches the wrong part of the asset and ends
-    "insufficient". Counted from each step's recorded ledger_before, so any run's records serve."""
+    whose query_focus (or need text) names a window, e.g. "between 35 s and 50 s" (collect.ledger.need_window); it
+    matches when its time_range is that window, else it searches another part of the asset than the need names.
+    Counted from each step's recorded ledger_before, so any run's records serve."""
     perception = set(ALL_TOOLS) - set(GLOBAL_TOOLS)
     calls = matches = tasks_wrong = 0
     for r in records:
@@ -80,7 +79,7 @@ def window_stats(records: list[dict]) -> dict:
             i = args.get("need_index")
             if type(i) is not int or not 0 <= i < len(needs):
                 continue
-            window = parse_time_range(needs[i].get("query_focus")) or parse_time_range(needs[i].get("need"))
+            window = need_window(needs[i].get("query_focus"), needs[i].get("need"))
             if window is None:
                 continue
             calls += 1

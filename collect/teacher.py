@@ -35,8 +35,8 @@ from collect.ledger import (
     call_signature,
     can_advance,
     canonical_args,
+    need_window,
     normalize_value,
-    parse_time_range,
     ready,
 )
 from collect.roles.base import PlannerReply, Roles, Usage
@@ -445,7 +445,7 @@ class TeacherPlanner:
             ]
         preferred = [t for t in SOURCE_TOOLS.get(nd.preferred_source, ()) if t in offered]
         rest = [t for t in PERCEPTION_ORDER if t not in preferred]
-        tr = parse_time_range(focus) or parse_time_range(nd.need)
+        tr = need_window(focus, nd.need)
         first = self._perception_calls(r0, nd, query, preferred, tr)
         others = self._perception_calls(r0, nd, query, rest, tr)
         if tr is not None:

@@ -36,8 +36,8 @@ from collect.ledger import (
     Ledger,
     call_signature,
     canonical_args,
+    need_window,
     normalize_value,
-    parse_time_range,
     ready,
 )
 from rewards.rules import check_candidate, completion_text, ledger_of, load_json_column
@@ -267,11 +267,11 @@ def _query_overlap(args: dict, focus_tokens: set[str]) -> float:
 
 
 def window_coverage(args: dict, need) -> float:
-    """Share of the time window the need names ("between 35 s and 50 s"; collect.ledger.parse_time_range) that the
+    """Share of the time window the need names ("between 35 s and 50 s"; collect.ledger.need_window) that the
     call's time_range covers: 1.0 when the need names none or the call gives no range (the whole asset is searched),
     0.0 when the call searches elsewhere. A tool only returns what lies in its range, so a call outside the window
     cannot fill the need, however well its query reads."""
-    window = parse_time_range(need.query_focus) or parse_time_range(need.need)
+    window = need_window(need.query_focus, need.need)
     tr = args.get("time_range")
     if window is None or tr is None:
         return 1.0
