@@ -19,6 +19,9 @@ TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 # code for its Python literal.
 VALUE_REF_RE = re.compile(r"\{need:(\d+)\}")
 VALUE_REF_KEYS = ("query", "code")  # the string arguments a reference may appear in
+# Window references (RuntimeConfig.window_refs): "{window:K}" as the whole time_range of a call stands for the time
+# window need K names (collect.ledger.Ledger.named_windows), e.g. [35.0, 50.0] for "between 35 s and 50 s".
+WINDOW_REF_RE = re.compile(r"\{window:(\d+)\}")
 
 
 def _ref_text(key: str, value: str) -> str:
@@ -216,15 +219,32 @@ VALUE_REFS_RULE = (
 )
 
 
-def offers_value_refs(prompt: list[dict] | str | None) -> bool:
-    """Whether a planner prompt offers value references: its messages (a recorded step's planner_input, an RL state's
-    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions). The rule is
-    matched without its line end: Qwen3.5's template trims the system content."""
-    rule = VALUE_REFS_RULE.strip()
+# With RuntimeConfig.window_refs, this rule (after the value-reference rule, when both are on).
+WINDOW_REFS_RULE = (
+    'Window references: a time_range may be "{window:K}", the time window that need K names (e.g. [35.0, 50.0] for '
+    '"between 35 s and 50 s"), and is replaced by it before the tool runs; write it instead of copying the numbers, '
+    'e.g. "time_range": "{window:0}".\n'
+)
+
+
+def _offers(rule: str, prompt: list[dict] | str | None) -> bool:
+    rule = rule.strip()
     if isinstance(prompt, str):
         return rule in prompt
     system = prompt[0] if prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system" else {}
     return rule in (system.get("content") or "")
+
+
+def offers_value_refs(prompt: list[dict] | str | None) -> bool:
+    """Whether a planner prompt offers value references: its messages (a recorded step's planner_input, an RL state's
+    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions). The rule is
+    matched without its line end: Qwen3.5's template trims the system content."""
+    return _offers(VALUE_REFS_RULE, prompt)
+
+
+def offers_window_refs(prompt: list[dict] | str | None) -> bool:
+    """Whether a planner prompt offers window references (as offers_value_refs)."""
+    return _offers(WINDOW_REFS_RULE, prompt)
 
 
 def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
@@ -265,6 +285,38 @@ def write_value_refs(action: Action, values: dict[int, str]) -> Action:
                 text = text.replace(lit, f"{{need:{k}}}")
         out[key] = text
     return action if out == action.arguments else Action(action.name, out)
+
+
+def resolve_window_refs(action: Action, windows: dict[int, tuple[float, float]]) -> Action:
+    """The action with a time_range of "{window:K}" replaced by need K's window as [start, end] (Ledger
+    .named_windows()); the same action otherwise (any other string stays for the schema to refuse). A reference to a
+    need that names no window is the planner's malformed call: ActionError bad_arguments, naming the needs with one."""
+    tr = action.arguments.get("time_range")
+    m = WINDOW_REF_RE.fullmatch(tr.strip()) if type(tr) is str else None
+    if m is None:
+        return action
+    k = int(m.group(1))
+    if k not in windows:
+        have = ", ".join(str(i) for i in sorted(windows)) or "none"
+        raise ActionError(
+            "bad_arguments",
+            f"{action.name}.time_range: {{window:{k}}} names need {k}, which names no time window "
+            f"(needs with one: {have})",
+        )
+    return Action(action.name, {**action.arguments, "time_range": [windows[k][0], windows[k][1]]})
+
+
+def write_window_refs(action: Action, windows: dict[int, tuple[float, float]]) -> Action:
+    """The inverse the offline teacher uses: a time_range equal to a need's window is written "{window:K}", K the
+    call's need_index when that need names it; resolve_window_refs(write_window_refs(a, w), w) == a (float ranges)."""
+    tr, ni = action.arguments.get("time_range"), action.arguments.get("need_index")
+    if type(tr) is not list or len(tr) != 2 or not all(_num(v) for v in tr):
+        return action
+    order = ([ni] if type(ni) is int else []) + sorted(windows)
+    for k in order:
+        if k in windows and (float(tr[0]), float(tr[1])) == windows[k]:
+            return Action(action.name, {**action.arguments, "time_range": f"{{window:{k}}}"})
+    return action
 
 
 def validate_action(action: Action, tools: list[dict]) -> None:

@@ -138,6 +138,16 @@ class RuntimeConfig:
             "false = the paper's runtime"
         },
     )
+    window_refs: bool = field(
+        default=False,
+        metadata={
+            "help": "true: the ledger arm's planner prompt offers window references, a tool call's time_range "
+            '"{window:K}" stands for the time window need K names ("between 35 s and 50 s" -> [35.0, 50.0]) and '
+            "the runtime substitutes it before validation and the tool (collect.actions.resolve_window_refs; a need "
+            "that names no window is a rejected reply); the offline teacher then writes them. false = the paper's "
+            "runtime"
+        },
+    )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
 
     def __post_init__(self):
@@ -160,7 +170,7 @@ class RuntimeConfig:
 
 # Runtime options added after recipes were first hashed: at their off default (0 / false) they stay out of
 # CollectConfig.hash(), so the hashes (and resumable OUTs) of recipes that do not use them are unchanged.
-OFF_BY_DEFAULT_RUNTIME_KEYS = ("rejection_temperature", "reject_futile_calls", "value_refs")
+OFF_BY_DEFAULT_RUNTIME_KEYS = ("rejection_temperature", "reject_futile_calls", "value_refs", "window_refs")
 
 
 # The benchmarks' own hosting: searching them would leak gold answers.

@@ -152,7 +152,8 @@ def rows_from_trajectory(traj: dict, stats: Counter) -> tuple[list[dict], list[d
         tools = st["planner_input"].get("tools") or []
         try:
             action = Action(st["action"]["name"], st["action"].get("arguments") or {})
-            validate_action(action, tools)
+            # as the tool got it: a window reference ("{window:0}") is a string where the schema wants a range
+            validate_action(Action(action.name, st.get("resolved_arguments") or action.arguments), tools)
         except (ActionError, KeyError, TypeError) as e:
             stats["steps_invalid_action"] += 1
             print(f"harvest: task {task_id} step {st.get('t')}: skipped invalid action ({e})", file=sys.stderr)

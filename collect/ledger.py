@@ -298,6 +298,12 @@ class Ledger:
         filled = (n for n in self.needs if n.status == "filled" and n.value is not None)
         return {n.index: str(n.value) for n in filled if str(n.value).strip()}
 
+    def named_windows(self) -> dict[int, tuple[float, float]]:
+        """need index -> the time window the need names (need_window): what a window reference {window:K} may name
+        (collect.actions.resolve_window_refs)."""
+        windows = ((n.index, need_window(n.query_focus, n.need)) for n in self.needs)
+        return {i: w for i, w in windows if w is not None}
+
     def actionable_indices(self) -> list[int]:
         """Open needs whose dependencies are all terminal (filled or unfillable)."""
         return [n.index for n in self.needs if n.open and self._deps_terminal(n)]

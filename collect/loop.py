@@ -48,7 +48,7 @@ import json
 from dataclasses import replace
 
 from collect import bounds
-from collect.actions import ActionError, parse_action, resolve_value_refs, validate_action
+from collect.actions import ActionError, parse_action, resolve_value_refs, resolve_window_refs, validate_action
 from collect.config import RuntimeConfig
 from collect.ledger import (
     INSUFFICIENT,
@@ -164,6 +164,7 @@ async def run_task(
     latest: str | None = None  # shown once to the planner at the next step
     resample = False  # the last planner reply was rejected (RuntimeConfig.rejection_temperature)
     value_refs = cfg.value_refs and cfg.arm == "ledger"  # only the ledger arm's planner sees the needs' values
+    window_refs = cfg.window_refs and cfg.arm == "ledger"  # ... and the needs' texts
     summary = ""  # memory arm
     history: list[dict] = []  # react arm
     steps: list[dict] = []
@@ -189,6 +190,7 @@ async def run_task(
             summary=summary,
             history=history,
             value_refs=value_refs,
+            window_refs=window_refs,
         )
         sampling = (
             {"temperature": cfg.rejection_temperature, "seed": resample_seed(r0.task_id, ledger_before.steps + 1)}
@@ -231,6 +233,8 @@ async def run_task(
             written = action = parse_action(reply_text, reply_calls, max_depth=lim.max_json_depth)
             if value_refs:
                 action = resolve_value_refs(action, ledger_before.filled_values())
+            if window_refs:
+                action = resolve_window_refs(action, ledger_before.named_windows())
             validate_action(action, tools)
             if cfg.reject_futile_calls and cfg.arm != "react" and action.name != "finish":
                 why = futile_reason(action.name, action.arguments, r0, ledger_before)

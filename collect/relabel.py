@@ -29,7 +29,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from collect.actions import Action, ActionError, offers_value_refs, validate_action
+from collect.actions import (
+    Action,
+    ActionError,
+    offers_value_refs,
+    offers_window_refs,
+    resolve_window_refs,
+    validate_action,
+)
 from collect.harvest import _save, decision_rows, split_of
 from collect.ledger import Asset, Budget, TaskContext, ledger_from_dict
 from collect.trajectory import iter_trajectories
@@ -76,10 +83,13 @@ def relabel_trajectory(traj: dict, round_: int, stats: Counter, teacher=None) ->
     for st in traj.get("steps", []):
         tools = st["planner_input"].get("tools") or []
         offered = [t.get("function", t)["name"] for t in tools]
-        refs = offers_value_refs(st["planner_input"].get("messages") or [])  # the student's prompt offered them
-        action = teacher.choose(r0, ledger_from_dict(st["ledger_before"]), offered, value_refs=refs)
-        try:
-            validate_action(action, tools)
+        msgs = st["planner_input"].get("messages") or []  # the references the student's prompt offered
+        refs = {"value_refs": offers_value_refs(msgs), "window_refs": offers_window_refs(msgs)}
+        ledger = ledger_from_dict(st["ledger_before"])
+        action = teacher.choose(r0, ledger, offered, **refs)
+        checked = resolve_window_refs(action, ledger.named_windows()) if refs["window_refs"] else action
+        try:  # as the runtime checks it: a window reference resolved (value references are strings either way)
+            validate_action(checked, tools)
         except ActionError as e:  # the teacher's action must fit the step's schemas, or it teaches nothing
             stats["teacher_invalid"] += 1
             print(f"relabel: task {traj['task_id']} step {st['t']}: teacher action invalid ({e})", file=sys.stderr)

@@ -75,7 +75,7 @@ def window_stats(records: list[dict]) -> dict:
             a, needs = s.get("action"), (s.get("ledger_before") or {}).get("needs") or []
             if not isinstance(a, dict) or a.get("name") not in perception:
                 continue
-            args = a.get("arguments") or {}
+            args = s.get("resolved_arguments") or a.get("arguments") or {}  # what the tool got (references resolved)
             i = args.get("need_index")
             if type(i) is not int or not 0 <= i < len(needs):
                 continue

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collect.actions import Action, ActionError, offers_value_refs, resolve_value_refs
+from collect.actions import (
+    Action,
+    ActionError,
+    offers_value_refs,
+    offers_window_refs,
+    resolve_value_refs,
+    resolve_window_refs,
+)
 from collect.ledger import (
     SOURCE_TOOLS,
     Ledger,
@@ -94,11 +101,17 @@ class JudgeState:
     tools: list
     key: str
     value_refs: bool = False  # the state's prompt offers value references: candidate and reference are resolved
+    window_refs: bool = False  # ... window references, the same
 
     @property
     def values(self) -> dict[int, str] | None:
         """What a value reference may name here (None: the prompt offers none, "{need:K}" is literal text)."""
         return self.ledger.filled_values() if self.value_refs else None
+
+    @property
+    def windows(self) -> dict[int, tuple[float, float]] | None:
+        """What a window reference may name here (None: the prompt offers none)."""
+        return self.ledger.named_windows() if self.window_refs else None
 
     @classmethod
     def from_columns(cls, row: dict) -> JudgeState:
@@ -109,14 +122,11 @@ class JudgeState:
         ledger = ledger_of(ledger_json)
         ref = load_json_column(row["reference_action"], "reference_action") or {}
         tools = load_json_column(row["tools"], "tools")
-        value_refs = bool(row.get("value_refs"))
-        if value_refs and ref.get("name"):  # the teacher's references, resolved as the runtime resolved them
-            ref = _resolved(ref, ledger)
-        blob = json.dumps(
-            [row["question"], row["gold_answer"], ledger_json, ref, tools, value_refs],
-            sort_keys=True,
-            ensure_ascii=False,
-        )
+        value_refs, window_refs = bool(row.get("value_refs")), bool(row.get("window_refs"))
+        if (value_refs or window_refs) and ref.get("name"):  # the teacher's references, resolved as the runtime did
+            ref = _resolved(ref, ledger, value_refs, window_refs)
+        fields = [row["question"], row["gold_answer"], ledger_json, ref, tools, value_refs] + ([True] * window_refs)
+        blob = json.dumps(fields, sort_keys=True, ensure_ascii=False)
         digest = row.get("digest") or ""
         return cls(
             question=str(row["question"]),
@@ -128,13 +138,20 @@ class JudgeState:
             tools=tools,
             key=hashlib.sha256(blob.encode()).hexdigest()[:24],
             value_refs=value_refs,
+            window_refs=window_refs,
         )
 
 
-def _resolved(ref: dict, ledger: Ledger) -> dict:
-    """The reference action with its value references resolved (kept as recorded if one names no value)."""
+def _resolved(ref: dict, ledger: Ledger, values: bool = True, windows: bool = False) -> dict:
+    """The reference action with its value (and window) references resolved (kept as recorded if one names
+    nothing)."""
     try:
-        return resolve_value_refs(Action(ref["name"], ref.get("arguments") or {}), ledger.filled_values()).to_dict()
+        action = Action(ref["name"], ref.get("arguments") or {})
+        if values:
+            action = resolve_value_refs(action, ledger.filled_values())
+        if windows:
+            action = resolve_window_refs(action, ledger.named_windows())
+        return action.to_dict()
     except ActionError:
         return ref
 
@@ -228,8 +245,9 @@ def _states(n: int, columns: dict) -> list[JudgeState]:
     out, seen = [], {}
     for i in range(n):
         row = {c: columns[c][i] for c in (*STATE_COLUMNS, "digest") if c in columns}
-        if "prompts" in columns:  # GRPO's rendered prompts: do they offer value references?
+        if "prompts" in columns:  # GRPO's rendered prompts: do they offer value / window references?
             row["value_refs"] = offers_value_refs(columns["prompts"][i])
+            row["window_refs"] = offers_window_refs(columns["prompts"][i])
         k = json.dumps(row, sort_keys=True, default=str)
         if k not in seen:
             seen[k] = JudgeState.from_columns(row)
@@ -364,7 +382,7 @@ class OfflineJudge(Judge):
         return self.name + ("+time_windows" if self.time_windows else "")
 
     async def _judge(self, state: JudgeState, completion: Any, text: str) -> JudgeScore | None:
-        action, error = check_candidate(completion, state.tools, state.values)
+        action, error = check_candidate(completion, state.tools, state.values, state.windows)
         return offline_scores(state, action, error, self.time_windows)
 
 
@@ -444,7 +462,7 @@ class OpenAIJudge(Judge):
         return got[0]
 
     def render(self, state: JudgeState, completion: Any, text: str) -> str:
-        action, error = check_candidate(completion, state.tools, state.values)
+        action, error = check_candidate(completion, state.tools, state.values, state.windows)
         parsed = (json.dumps(action.to_dict(), ensure_ascii=False) if action is not None else "(does not parse)") + (
             f"  [invalid: {error}]" if error else ""
         )

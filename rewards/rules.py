@@ -17,8 +17,10 @@ from collect.actions import (
     Action,
     ActionError,
     offers_value_refs,
+    offers_window_refs,
     parse_action,
     resolve_value_refs,
+    resolve_window_refs,
     validate_action,
 )
 from collect.ledger import Ledger, ledger_from_dict, ready
@@ -62,11 +64,15 @@ def parse_candidate(completion: Any) -> Action | None:
 
 
 def check_candidate(
-    completion: Any, tools: list[dict], values: dict[int, str] | None = None
+    completion: Any,
+    tools: list[dict],
+    values: dict[int, str] | None = None,
+    windows: dict[int, tuple[float, float]] | None = None,
 ) -> tuple[Action | None, str | None]:
     """(action, None) when the completion is a valid action for this tool set, else (action-or-None, error kind).
     values (the state's prompt offers value references: Ledger.filled_values()): "{need:K}" references are resolved
-    first, as the runtime does, and the resolved action is returned; a reference to a need with no value is invalid."""
+    first, as the runtime does, and the resolved action is returned; a reference to a need with no value is invalid.
+    windows (it offers window references: Ledger.named_windows()): the same for a "{window:K}" time_range."""
     try:
         action = parse_action(completion_text(completion), completion_tool_calls(completion))
     except ActionError as e:
@@ -74,6 +80,8 @@ def check_candidate(
     try:
         if values is not None:
             action = resolve_value_refs(action, values)
+        if windows is not None:
+            action = resolve_window_refs(action, windows)
         validate_action(action, tools)
     except ActionError as e:
         return action, e.kind
@@ -95,8 +103,16 @@ def valid(completions: list, tools: list, **kwargs) -> list[float | None]:
     prompts, ledgers = kwargs.get("prompts"), kwargs.get("ledger")
     for i, (completion, tools_json) in enumerate(zip(completions, tools, strict=True)):
         schemas = load_json_column(tools_json, "tools")
-        refs = prompts is not None and ledgers is not None and offers_value_refs(prompts[i])
-        _, err = check_candidate(completion, schemas, ledger_of(ledgers[i]).filled_values() if refs else None)
+        have = prompts is not None and ledgers is not None
+        refs = have and offers_value_refs(prompts[i])
+        wrefs = have and offers_window_refs(prompts[i])
+        led = ledger_of(ledgers[i]) if refs or wrefs else None
+        _, err = check_candidate(
+            completion,
+            schemas,
+            led.filled_values() if refs else None,
+            led.named_windows() if wrefs else None,
+        )
         out.append(1.0 if err is None else 0.0)
     return out
 

@@ -11,7 +11,7 @@ import json
 from functools import cache
 from pathlib import Path
 
-from collect.actions import VALUE_REFS_RULE
+from collect.actions import VALUE_REFS_RULE, WINDOW_REFS_RULE
 from collect.bounds import truncate  # one truncation rule for prompts and bounded role output
 from collect.config import MAX_OBSERVATION_CHARS
 from collect.ledger import Ledger, NormalizedObservation, TaskContext, render_digest
@@ -71,6 +71,7 @@ def render_planner_messages(
     summary: str = "",
     history: list[dict] | None = None,
     value_refs: bool = False,
+    window_refs: bool = False,
 ) -> list[dict]:
     """The planner's chat input.
 
@@ -83,6 +84,8 @@ def render_planner_messages(
         system = _sys("planner")
         if value_refs:  # RuntimeConfig.value_refs: one more rule, after the prompt's own
             system["content"] = system["content"].rstrip("\n") + "\n" + VALUE_REFS_RULE
+        if window_refs:  # RuntimeConfig.window_refs: the same, after it
+            system["content"] = system["content"].rstrip("\n") + "\n" + WINDOW_REFS_RULE
         return [system, {"role": "user", "content": user}]
     if arm == "memory":
         user = f"{render_r0(r0)}\n\nSummary so far:\n{summary or '(empty)'}\n\nLatest observation:\n{obs}"
