@@ -150,6 +150,10 @@ MEASURE_EVAL ?= configs/eval/onpolicy.yaml
 # MEASURE_HELDOUT=configs/collect/embedded_refs.yaml MEASURE_EVAL=configs/eval/onpolicy_refs.yaml: per seed SFT
 # ~2,700-2,900 s, one on-policy round ~760-1,350 s (relabel 253-375 s, SFT 509-973 s), GRPO ~235 s, eval of the five
 # planners ~17 min for one seed (2026-12-02, seed 0; the lower figures with nothing else running).
+# Value and window references (docs/training.md "Where the tuned planner fails: the time window"):
+# MEASURE_COLLECT=configs/collect/embedded_1800_windows.yaml MEASURE_SFT=configs/sft/tiny_copy.yaml
+# MEASURE_ONPOLICY=configs/onpolicy/tiny_windows.yaml MEASURE_HELDOUT=configs/collect/embedded_windows.yaml
+# MEASURE_EVAL=configs/eval/onpolicy_windows.yaml.
 measure: $(STAMP)  ## SEEDS="0 1" MEASURE_SFT= ...: untrained / SFT / SFT+on-policy / +RL on the 72 test tasks
 	$(PY) -m collect --config $(MEASURE_COLLECT) --out $(MEASURE)/collect --split train --no-progress
 	for s in $(SEEDS); do \
