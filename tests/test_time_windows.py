@@ -8,26 +8,11 @@ import json
 
 import pytest
 
-from collect.ledger import Asset, TaskContext, parse_time_range
+from collect.ledger import parse_time_range
 from collect.loop import ToolFailure
 from collect.summary import summarize, window_stats
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
-from tests.helpers.loop_script import answer_critic, critic, fill, run
-
-R0 = TaskContext(
-    task_id="t-window",
-    question="Between 35 s and 50 s of v1, a banner names a company. In which year was it founded?",
-    assets=(Asset("v1", "video", 120.0),),
-)
-NEEDS = [
-    {
-        "need": "company on the banner",
-        "preferred_source": "visual",
-        "need_role": "anchor",
-        "query_focus": "company on the banner between 35 s and 50 s",
-    },
-    {"need": "founding year", "preferred_source": "web", "depends_on": [0], "query_focus": "founded"},
-]
+from tests.helpers.loop_script import NEEDS_WINDOW, R0_WINDOW, answer_critic, critic, fill, needs_reply, run
 
 
 def frame(window):
@@ -52,13 +37,13 @@ def test_the_teacher_always_passes_its_needs_window(recorded_correct_runs):
 
 def test_a_memorised_window_is_counted_against_the_planner():
     with FakeChatServer() as srv:
-        srv.script("need_parser", text(json.dumps({"needs": NEEDS})))
+        srv.script("need_parser", needs_reply(NEEDS_WINDOW))
         web = tool_call("web_search", {"query": "Acme founded", "need_index": 1})
         srv.script("planner", frame([15.0, 30.0]), frame([35, 50]), web, tool_call("finish", {"answer": "1999"}))
         srv.script("critic", critic(), critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
         srv.script("finalizer", text("1999"))
         srv.script("answer_critic", answer_critic(True))
-        rec = run(srv, r0=R0, toolbox=FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] ACME"))
+        rec = run(srv, r0=R0_WINDOW, toolbox=FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] ACME"))
     assert rec["outcome"] == "accepted"
     # two perception calls on need 0 (the memorised 15-30 s, then 35-50 s given as ints); the web call is not one
     want = {"windowed_calls": 2, "window_matches": 1, "window_match_rate": 0.5, "tasks_with_wrong_window": 1}

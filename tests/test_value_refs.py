@@ -26,6 +26,7 @@ from collect.actions import (
 from collect.loop import ToolFailure
 from tests.fakes import FakeChatServer, FakeToolBox, tool_call
 from tests.helpers.loop_script import needs_reply, run, script_anchor_then_year
+from tests.helpers.teacher_collect import collect_refs
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TASKS = 30
@@ -100,27 +101,10 @@ def test_write_then_resolve_gives_back_the_teachers_query():
 # ---- the real loop, the offline teacher and harvest ---------------------------------------------------------------
 
 
-def _collect(tmp_path, value_refs: bool) -> tuple[list[dict], Path]:
-    from collect.config import load_config
-    from collect.run import run_collection
-    from collect.trajectory import read_trajectories
-
-    cfg = load_config(ROOT / "configs/collect/embedded_1800_refs.yaml", {"limit": N_TASKS, "progress": False})
-    assert cfg.runtime.value_refs is True  # the shipped recipe turns it on
-    if not value_refs:
-        import dataclasses
-
-        cfg.runtime = dataclasses.replace(cfg.runtime, value_refs=False)
-    out = tmp_path / ("on" if value_refs else "off")
-    summary = run_collection(cfg, out)
-    assert not summary["errored_tasks"]
-    return sorted(read_trajectories(out / "trajectories.jsonl"), key=lambda r: r["task_id"]), out
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("refs")
-    return _collect(d, True), _collect(d, False)
+    return collect_refs(d / "on", N_TASKS), collect_refs(d / "off", N_TASKS, value_refs=False)
 
 
 def test_the_teacher_writes_references_and_the_tools_get_the_values(runs):

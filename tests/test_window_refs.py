@@ -9,10 +9,8 @@ the option off."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -25,13 +23,12 @@ from collect.actions import (
     validate_action,
     write_window_refs,
 )
-from collect.ledger import Asset, TaskContext
 from collect.loop import ToolFailure
 from collect.summary import window_stats
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
-from tests.helpers.loop_script import answer_critic, critic, fill, run
+from tests.helpers.loop_script import NEEDS_WINDOW, R0_WINDOW, answer_critic, critic, fill, needs_reply, run
+from tests.helpers.teacher_collect import collect_refs
 
-ROOT = Path(__file__).resolve().parents[1]
 N_TASKS = 30
 WINDOWS = {0: (35.0, 50.0), 2: (10.0, 12.5)}
 
@@ -78,23 +75,10 @@ def test_the_teacher_writes_the_reference_of_its_target_need_and_it_resolves_bac
 # ---- the real loop, the offline teacher, harvest, relabelling, rewards ---------------------------------------------
 
 
-def _collect(tmp_path, window_refs: bool):
-    from collect.config import load_config
-    from collect.run import run_collection
-    from collect.trajectory import read_trajectories
-
-    cfg = load_config(ROOT / "configs/collect/embedded_1800_refs.yaml", {"limit": N_TASKS, "progress": False})
-    cfg.runtime = dataclasses.replace(cfg.runtime, window_refs=window_refs)
-    out = tmp_path / ("on" if window_refs else "off")
-    summary = run_collection(cfg, out)
-    assert not summary["errored_tasks"]
-    return sorted(read_trajectories(out / "trajectories.jsonl"), key=lambda r: r["task_id"]), out
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("wrefs")
-    return _collect(d, True), _collect(d, False)
+    return collect_refs(d / "on", N_TASKS, window_refs=True), collect_refs(d / "off", N_TASKS)
 
 
 def test_the_teacher_names_windows_and_the_tools_get_them(runs):
@@ -161,35 +145,20 @@ def test_rewards_resolve_window_references_where_the_prompt_offers_them(runs):
 
 # ---- a scripted planner over loopback -----------------------------------------------------------------------------
 
-R0 = TaskContext(
-    task_id="t-wref",
-    question="Between 35 s and 50 s of v1, a banner names a company. In which year was it founded?",
-    assets=(Asset("v1", "video", 120.0),),
-)
-NEEDS = [
-    {
-        "need": "company on the banner",
-        "preferred_source": "visual",
-        "need_role": "anchor",
-        "query_focus": "company on the banner between 35 s and 50 s",
-    },
-    {"need": "founding year", "preferred_source": "web", "depends_on": [0], "query_focus": "founded"},
-]
-
 
 def test_a_planners_reference_reaches_the_tool_as_the_window_and_a_dangling_one_is_rejected():
     def frame(tr):
         return tool_call("frame_confirm", {"asset_id": "v1", "query": "banner", "time_range": tr, "need_index": 0})
 
     with FakeChatServer() as srv:
-        srv.script("need_parser", text(json.dumps({"needs": NEEDS})))
+        srv.script("need_parser", needs_reply(NEEDS_WINDOW))
         web = tool_call("web_search", {"query": "Acme founded", "need_index": 1})
         srv.script("planner", frame("{window:1}"), frame("{window:0}"), web, tool_call("finish", {"answer": "1999"}))
         srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
         srv.script("finalizer", text("1999"))
         srv.script("answer_critic", answer_critic(True))
         tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] ACME")
-        rec = run(srv, r0=R0, toolbox=tb, window_refs=True)
+        rec = run(srv, r0=R0_WINDOW, toolbox=tb, window_refs=True)
     assert rec["outcome"] == "accepted"
     bad = rec["steps"][0]
     assert bad["action"] is None

@@ -23,6 +23,22 @@ NEEDS = [
     {"need": "founding year", "preferred_source": "web", "depends_on": [0], "query_focus": "founded"},
 ]
 
+# A task whose anchor need names a time window ("between 35 s and 50 s"): window_stats and window references.
+R0_WINDOW = TaskContext(
+    task_id="t-window",
+    question="Between 35 s and 50 s of v1, a banner names a company. In which year was it founded?",
+    assets=(Asset("v1", "video", 120.0),),
+)
+NEEDS_WINDOW = [
+    {
+        "need": "company on the banner",
+        "preferred_source": "visual",
+        "need_role": "anchor",
+        "query_focus": "company on the banner between 35 s and 50 s",
+    },
+    {"need": "founding year", "preferred_source": "web", "depends_on": [0], "query_focus": "founded"},
+]
+
 
 def needs_reply(needs=NEEDS):
     return text(json.dumps({"needs": needs}))
