@@ -153,7 +153,8 @@ MEASURE_EVAL ?= configs/eval/onpolicy.yaml
 # Value and window references (docs/training.md "Where the tuned planner fails: the time window"):
 # MEASURE_COLLECT=configs/collect/embedded_1800_windows.yaml MEASURE_SFT=configs/sft/tiny_copy.yaml
 # MEASURE_ONPOLICY=configs/onpolicy/tiny_windows.yaml MEASURE_HELDOUT=configs/collect/embedded_windows.yaml
-# MEASURE_EVAL=configs/eval/onpolicy_windows.yaml.
+# MEASURE_EVAL=configs/eval/onpolicy_windows.yaml: per seed SFT ~3,300 s, one on-policy round ~1,200-1,320 s (relabel
+# 236-275 s, SFT 596-649 s, GRPO 364-386 s), eval of the four planners ~24-25 min for one seed (2026-12-03, seeds 1, 0).
 measure: $(STAMP)  ## SEEDS="0 1" MEASURE_SFT= ...: untrained / SFT / SFT+on-policy / +RL on the 72 test tasks
 	$(PY) -m collect --config $(MEASURE_COLLECT) --out $(MEASURE)/collect --split train --no-progress
 	for s in $(SEEDS); do \
