@@ -93,7 +93,7 @@ bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 # tasks, labelled by the teacher; SFT 150 steps; GRPO 20 steps; ~4 min) -> the five planners on the first 36 test
 # tasks (docs/training.md "The demo"). The full-size measurement is `make measure` below.
 demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network
-	$(PY) -m collect --config configs/collect/embedded_1800_refs.yaml --out runs/demo/collect --split train --no-progress
+	$(PY) -m collect --config configs/collect/embedded_1800_windows.yaml --out runs/demo/collect --split train --no-progress
 	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft \
 		--max_steps 1000
 	$(PY) -m sft.onpolicy --config configs/onpolicy/demo.yaml --model runs/demo/sft/merged --out runs/demo/onpolicy
