@@ -8,6 +8,7 @@ template. The collated labels must be exactly the template's rendering of the ac
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -179,10 +180,12 @@ CASES = {
 }
 
 
-def _sft_trainer(env, case: str, tmp_path: Path):
+def _sft_trainer(env, case: str, tmp_path: Path, data: Path | None = None):
     """(trainer, dataset, parsed args) of the SFTTrainer sft.train builds for CASES[case]'s recipe, on the harvested
-    decision and need-parse rows, with the tiny tokenizer carrying the case's real template."""
+    decision and need-parse rows (env's, or those under `data`), with the tiny tokenizer carrying the case's real
+    template."""
     d, base, _, _ = env
+    data = data or d / "data"
     template, recipe, _, _, extra = CASES[case]
     model_dir = tmp_path / "model"
     shutil.copytree(base, model_dir)
@@ -195,7 +198,7 @@ def _sft_trainer(env, case: str, tmp_path: Path):
     args = parse_args(
         [
             "--config", str(ROOT / recipe), "--model_name_or_path", str(model_dir),
-            "--dataset_dir", str(d / "data" / "sft"), "--output_dir", str(tmp_path / "out"),
+            "--dataset_dir", str(data / "sft"), "--output_dir", str(tmp_path / "out"),
             "--bf16", "false", "--dtype", "float32", "--gradient_checkpointing", "false", "--eval_strategy", "no",
             "--kinds", "decision,need_parse", *extra,
         ]
@@ -285,3 +288,45 @@ def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_
         ids, labels = batch["input_ids"][j], batch["labels"][j]
         first = int((labels != -100).nonzero().flatten()[0])
         assert tok(rendered[j], add_special_tokens=False)["input_ids"] == ids[:first].tolist(), (case, i)
+
+
+@pytest.fixture(scope="module")
+def window_data(tmp_path_factory):
+    """Teacher runs with window references on (the recipe of configs/collect/embedded_1800_windows.yaml), harvested as
+    `make collect` does: decision rows whose time_range is the string "{window:K}" beside rows where it is [start, end]
+    or absent, in one Arrow dataset."""
+    from tests.helpers.teacher_collect import collect_refs
+
+    d = tmp_path_factory.mktemp("template-windows")
+    _, out = collect_refs(d / "collect", 30, window_refs=True)
+    harvest(out / "trajectories.jsonl", d / "data", eval_share=0.0)
+    return d / "data"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_trl_labels_of_window_reference_rows_are_the_rendered_reference(env, window_data, case, tmp_path):
+    """A window-reference call survives the Arrow round trip as the string the teacher wrote (not coerced to the
+    list type other rows give time_range) and each real template renders it as that string, in the labels only."""
+    _, _, render_call, end, _ = CASES[case]
+    trainer, dataset, _ = _sft_trainer(env, case, tmp_path, window_data)
+    rows = dataset["train"]
+    refs, lists = [], 0
+    for i, r in enumerate(rows):
+        calls = r["completion"][0].get("tool_calls") or []
+        tr = calls[0]["function"]["arguments"].get("time_range") if calls else None
+        if isinstance(tr, str):
+            refs.append(i)
+        lists += isinstance(tr, list)
+    assert len(refs) >= 5 and lists == 0  # the teacher names every window it can by its need
+    tok = trainer.processing_class
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in refs])
+    for j, i in enumerate(refs):
+        f = rows[i]["completion"][0]["tool_calls"][0]["function"]
+        assert re.fullmatch(r"\{window:\d+\}", f["arguments"]["time_range"]), f
+        ids, labels = batch["input_ids"][j], batch["labels"][j]
+        label = tok.decode(ids[labels != -100])
+        assert label == render_call(f["name"], f["arguments"]) + end, (case, i)
+        assert f["arguments"]["time_range"] in label
+        first = int((labels != -100).nonzero().flatten()[0])
+        prompt = tok.decode(ids[:first])
+        assert "{window:K}" in prompt  # the rule that offers references is in the system prompt
