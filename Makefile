@@ -95,7 +95,7 @@ bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network
 	$(PY) -m collect --config configs/collect/embedded_1800_windows.yaml --out runs/demo/collect --split train --no-progress
 	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft \
-		--max_steps 800 --train_sampling_strategy group_by_length --dataset_num_proc 2
+		--max_steps 1000 --dataset_num_proc 2
 	$(PY) -m sft.onpolicy --config configs/onpolicy/demo.yaml --model runs/demo/sft/merged --out runs/demo/onpolicy
 	$(PY) -m serve.eval --config configs/eval/demo.yaml --out runs/demo
 
