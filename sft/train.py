@@ -404,10 +404,12 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-        print(
-            f"sft: {summary['steps']} steps in {train_time:.1f}s, loss {summary['first_loss']} -> "
-            f"{summary['last_loss']}; merged -> {summary['merged']}"
+        loss = (
+            f"loss {summary['first_loss']} -> {summary['last_loss']}"
+            if losses
+            else f"mean loss {summary['train_loss']:.4f} (no step logged: max_steps < logging_steps)"
         )
+        print(f"sft: {summary['steps']} steps in {train_time:.1f}s, {loss}; merged -> {summary['merged']}")
     return summary
 
 

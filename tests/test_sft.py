@@ -188,3 +188,14 @@ def test_gpu_recipes_use_known_fields_bf16_and_attention_lora(name):
     acc = yaml.safe_load((ROOT / "configs/accelerate/zero3.yaml").read_text())
     assert acc["deepspeed_config"]["zero_stage"] == 3 and acc["deepspeed_config"]["zero3_init_flag"]
     assert acc["deepspeed_config"]["zero3_save_16bit_model"] and acc["mixed_precision"] == "bf16"
+
+
+def test_a_run_shorter_than_logging_steps_reports_its_mean_loss(setup, capsys):
+    """max_steps < logging_steps logs no step: the summary says so with the trainer's mean loss, not "None -> None"."""
+    d, base = setup
+    out = d / "short"
+    summary = main(*_args("configs/sft/tiny.yaml", d, base, out, "--kinds", "decision", "--max_steps", "1"))
+    assert summary["steps"] == 1 and summary["losses"] == [] and summary["first_loss"] is None
+    printed = capsys.readouterr().out
+    assert f"mean loss {summary['train_loss']:.4f} (no step logged" in printed and "None -> None" not in printed
+    assert summary["train_loss"] > 0
