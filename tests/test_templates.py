@@ -16,6 +16,7 @@ import pytest
 from datasets import load_from_disk
 
 from collect import teacher_runs
+from collect.actions import WINDOW_REFS_RULE
 from collect.harvest import harvest, template_messages
 from sft.tiny import build_tiny_model
 from sft.train import build_trainer, parse_args
@@ -293,8 +294,8 @@ def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_
 @pytest.fixture(scope="module")
 def window_data(tmp_path_factory):
     """Teacher runs with window references on (the recipe of configs/collect/embedded_1800_windows.yaml), harvested as
-    `make collect` does: decision rows whose time_range is the string "{window:K}" beside rows where it is [start, end]
-    or absent, in one Arrow dataset."""
+    `make collect` does: decision rows whose time_range is the string "{window:K}" beside rows without one, in one
+    Arrow dataset."""
     from tests.helpers.teacher_collect import collect_refs
 
     d = tmp_path_factory.mktemp("template-windows")
@@ -329,4 +330,4 @@ def test_trl_labels_of_window_reference_rows_are_the_rendered_reference(env, win
         assert f["arguments"]["time_range"] in label
         first = int((labels != -100).nonzero().flatten()[0])
         prompt = tok.decode(ids[:first])
-        assert "{window:K}" in prompt  # the rule that offers references is in the system prompt
+        assert WINDOW_REFS_RULE.strip() in prompt  # the rule that offers references is in the system prompt
