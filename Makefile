@@ -93,11 +93,11 @@ eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS= | MERGE="OUT_A OUT_B ..." OUT=
 bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench
 
-# make demo (goal <= 20 min on 2 cores from a fresh clone; 1,502 s on 2026-12-03, a slow day: docs/training.md "The demo
-# with window references"): the teacher's runs with value and window references (1,080 train tasks, ~30 s) ->
-# state-SFT of the tiny planner (1000 steps, 9-14 min) -> one on-policy round (its own states on 60 train tasks,
+# make demo (goal <= 20 min on 2 cores from a fresh clone; 1,220-1,232 s in three runs on 2026-12-03: docs/training.md
+# "Fitting the demo"): set-up ~80 s -> the teacher's runs with value and window references (1,080 train tasks, ~30 s) ->
+# state-SFT of the tiny planner (1000 steps, 9-11 min) -> one on-policy round (its own states on 60 train tasks,
 # labelled by the teacher; SFT 150 steps; GRPO 20 steps; ~5 min) -> the five planners on the first 36 test tasks
-# (~4 min). The full-size measurement is `make measure` below.
+# (~3 min). The full-size measurement is `make measure` below.
 demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network
 	$(PY) -m collect --config configs/collect/embedded_1800_windows.yaml --out runs/demo/collect --split train --no-progress
 	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft \
@@ -143,7 +143,9 @@ onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate +
 # (docs/training.md "Where the tuned planner fails: the time window", "Window references, seed 0, and the two seeds
 # pooled": SFT 139/144, + round 137/144, + GRPO 136/144): per seed SFT ~3,300 s, one on-policy round ~1,200-1,320 s
 # (relabel 236-275 s, SFT 596-649 s, GRPO 364-386 s), eval of the four planners ~24-25 min for one seed (2026-12-03,
-# seeds 1, 0; 2 cores).
+# seeds 1, 0; 2 cores). Measured with padded SFT batches of 4; the SFT recipes now run the same 4 rows as unpadded
+# micro-batches (same losses to ~1e-6 per step, ~1.3x faster steps: docs/training.md "Fitting the demo"), so its SFT
+# times should be shorter and its table equal up to rounding: not re-measured end to end.
 MEASURE := runs/measure
 SEEDS ?= 0 1
 MEASURE_COLLECT ?= configs/collect/embedded_1800_windows.yaml
