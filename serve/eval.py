@@ -59,6 +59,13 @@ class EvalConfig:
     )
     concurrency: int | None = field(default=None, metadata={"help": "override runtime.concurrency"})
     workers: int | str | None = field(default=None, metadata={"help": "override the collect `workers` (N | auto)"})
+    planner_processes: int | str = field(
+        default=1,
+        metadata={
+            "help": "planners evaluated at once, each in its own process with usable cores / N torch threads "
+            "(N | auto: min(planners, usable cores)); cells, records and the summary are the same as with 1"
+        },
+    )
     heldout: dict | None = field(
         default=None,
         metadata={"help": "rl.score of every checkpoint on held-out states: {dataset_dir, split, n, config}"},
@@ -68,6 +75,7 @@ class EvalConfig:
         if not self.planners:
             raise ValueError("eval config: `planners` is empty")
         self.planners = expand_seeds(self.planners)
+        self.planner_processes = parse_planner_processes(self.planner_processes)
         runtime_fields = {f.name for f in dataclasses.fields(RuntimeConfig)} - {"arm", "concurrency"}
         for name, spec in self.planners.items():
             keys = set(spec) - {"runtime"} if isinstance(spec, dict) else None
@@ -85,6 +93,15 @@ class EvalConfig:
                 )
             if keys == {"checkpoint", "endpoint"} and {"base_url", "model"} & set(spec["endpoint"]):
                 raise ValueError(f"planners.{name}: a served checkpoint gets its base_url/model from serve.local")
+
+
+def parse_planner_processes(value) -> int | str:
+    """`planner_processes` / --planner-processes: an integer >= 1 (or its digits) or 'auto'."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if value == "auto" or (type(value) is int and value >= 1):
+        return value
+    raise ValueError(f"planner_processes: expected an integer >= 1 or 'auto', got {value!r}")
 
 
 def expand_seeds(planners: dict) -> dict:
@@ -245,44 +262,116 @@ def planner_endpoint(spec, defaults: dict):
             yield EndpointConfig(**{**defaults, **overrides, "base_url": server.base_url, "model": Path(ckpt).name})
 
 
-def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
+def _eval_planner(
+    cfg: EvalConfig, pname: str, out: Path, overwrite: bool, heldout_scores: dict, progress: bool | None = None
+) -> tuple[dict[str, dict], dict[str, list[dict]]]:
+    """Every cell of one planner (arm x perception), each an ordinary collect run in OUT/cells/<cell>/; with
+    `heldout`, the planner's held-out decision scores (cached per checkpoint in `heldout_scores`)."""
+    spec = cfg.planners[pname]
     base = load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit, "workers": cfg.workers})
     cells: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
-    heldout_scores: dict[str | None, dict | None] = {}
-    for pname, spec in cfg.planners.items():
-        with planner_endpoint(spec, cfg.planner_endpoint) as endpoint:
-            for arm in cfg.arms:
-                for perc_name, perc in cfg.perception.items():
-                    cell = f"{pname}__{arm}__{perc_name}"
-                    c = copy.deepcopy(base)
-                    c.name = cell
-                    c.runtime = dataclasses.replace(
-                        c.runtime,
-                        **(spec.get("runtime") or {} if isinstance(spec, dict) else {}),
-                        arm=arm,
-                        concurrency=cfg.concurrency or c.runtime.concurrency,
-                    )
-                    c.tools = {**c.tools, **perc}
-                    if endpoint is not None:
-                        c.endpoints = {**c.endpoints, "planner": endpoint}
-                        c.roles = dataclasses.replace(c.roles, planner="planner")
-                    cell_out = out / "cells" / cell
-                    log.info("cell %s -> %s", cell, cell_out)
-                    cells[cell] = run_collection(c, cell_out, overwrite=overwrite)
-                    cells[cell]["planner"] = pname
-                    cells[cell]["perception"] = perc_name
-                    records[cell] = list(read_trajectories(cell_out / "trajectories.jsonl"))
-                    cells[cell].update(task_type_stats(records[cell]))
-        if cfg.heldout:  # greedy decisions on fixed states: one score per checkpoint, whatever the runtime
-            key = spec.get("checkpoint") if isinstance(spec, dict) else None
-            if key not in heldout_scores:
-                heldout_scores[key] = score_heldout(spec, cfg.heldout)
-            scored = heldout_scores[key]
-            for cell in cells:
-                if cells[cell]["planner"] == pname:
-                    cells[cell]["heldout"] = scored
+    with planner_endpoint(spec, cfg.planner_endpoint) as endpoint:
+        for arm in cfg.arms:
+            for perc_name, perc in cfg.perception.items():
+                cell = f"{pname}__{arm}__{perc_name}"
+                c = copy.deepcopy(base)
+                c.name = cell
+                if progress is not None:
+                    c.progress = progress
+                c.runtime = dataclasses.replace(
+                    c.runtime,
+                    **(spec.get("runtime") or {} if isinstance(spec, dict) else {}),
+                    arm=arm,
+                    concurrency=cfg.concurrency or c.runtime.concurrency,
+                )
+                c.tools = {**c.tools, **perc}
+                if endpoint is not None:
+                    c.endpoints = {**c.endpoints, "planner": endpoint}
+                    c.roles = dataclasses.replace(c.roles, planner="planner")
+                cell_out = out / "cells" / cell
+                log.info("cell %s -> %s", cell, cell_out)
+                cells[cell] = run_collection(c, cell_out, overwrite=overwrite)
+                cells[cell]["planner"] = pname
+                cells[cell]["perception"] = perc_name
+                records[cell] = list(read_trajectories(cell_out / "trajectories.jsonl"))
+                cells[cell].update(task_type_stats(records[cell]))
+    if cfg.heldout:  # greedy decisions on fixed states: one score per checkpoint, whatever the runtime
+        key = spec.get("checkpoint") if isinstance(spec, dict) else None
+        if key not in heldout_scores:
+            heldout_scores[key] = score_heldout(spec, cfg.heldout)
+        for cell in cells:
+            cells[cell]["heldout"] = heldout_scores[key]
+    return cells, records
+
+
+def _planner_process(cfg: EvalConfig, pname: str, out: Path, overwrite: bool, threads: int) -> dict[str, dict]:
+    """One planner's cells in a spawned process with `threads` torch threads (records are re-read by the parent)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    setup_logging()
+    cells, _ = _eval_planner(cfg, pname, out, overwrite, {}, progress=False)
+    return cells
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _run_planners_in_processes(cfg: EvalConfig, out: Path, overwrite: bool, n: int) -> dict[str, dict]:
+    """The planners N at a time, in config order, in N spawned processes (each takes the next planner). A planner that
+    fails does not stop the others (their cells stay on disk, resumable); the first failure is raised once all end."""
+    import concurrent.futures
+    import multiprocessing
+
+    threads = max(1, _usable_cores() // n)
+    log.info("%d planners, %d at a time, %d torch thread(s) each", len(cfg.planners), n, threads)
+    ctx = multiprocessing.get_context("spawn")
+    done: dict[str, dict[str, dict]] = {}
+    errors: list[tuple[str, BaseException]] = []
+    with concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        futs = {pool.submit(_planner_process, cfg, p, out, overwrite, threads): p for p in cfg.planners}
+        try:
+            for fut in concurrent.futures.as_completed(futs):
+                pname = futs[fut]
+                try:
+                    done[pname] = fut.result()
+                except Exception as e:  # noqa: BLE001 - reported below, after the other planners finish
+                    errors.append((pname, e))
+                    log.error("planner %s failed: %s", pname, e)
+                    continue
+                accs = ", ".join(f"{c} accuracy {s.get('accuracy')}" for c, s in done[pname].items())
+                log.info("planner %s done (%d/%d): %s", pname, len(done) + len(errors), len(futs), accs)
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    if errors:  # the first failure, its planner named; main() reports these types as a clear error
+        pname, e = errors[0]
+        more = f" (and {len(errors) - 1} more planner(s) failed: see the log)" if len(errors) > 1 else ""
+        kind = next((k for k in (FileNotFoundError, ValueError, RunDirError) if isinstance(e, k)), RuntimeError)
+        raise kind(f"planner {pname}: {type(e).__name__}: {e}{more}") from e
+    return {cell: s for p in cfg.planners for cell, s in done[p].items()}  # config order, as one process writes it
+
+
+def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    n = cfg.planner_processes
+    n = min(len(cfg.planners), _usable_cores() if n == "auto" else n)
+    cells: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
+    if n > 1:
+        for pname, spec in cfg.planners.items():  # fail before any process starts, as one process fails at its turn
+            if isinstance(spec, dict) and "checkpoint" in spec and not Path(spec["checkpoint"]).is_dir():
+                raise FileNotFoundError(f"planner {pname}: checkpoint not found: {spec['checkpoint']}")
+        cells = _run_planners_in_processes(cfg, out, overwrite, n)
+        records = {cell: list(read_trajectories(out / "cells" / cell / "trajectories.jsonl")) for cell in cells}
+    else:
+        heldout_scores: dict[str | None, dict | None] = {}
+        for pname in cfg.planners:
+            c, r = _eval_planner(cfg, pname, out, overwrite, heldout_scores)
+            cells.update(c)
+            records.update(r)
     return write_summary(out, {"name": cfg.name, "split": cfg.split, "limit": cfg.limit}, cells, records)
 
 
@@ -398,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--workers", default=None, help="worker processes per cell: N or 'auto' (docs/scale.md)")
     ap.add_argument(
+        "--planner-processes", default=None, help="planners evaluated at once, each in its own process: N or 'auto'"
+    )
+    ap.add_argument(
         "--merge",
         nargs="+",
         metavar="EVAL_OUT",
@@ -413,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_eval_config(args.config, args.planner)
             if args.workers is not None:
                 cfg.workers = args.workers
+            if args.planner_processes is not None:
+                cfg.planner_processes = parse_planner_processes(args.planner_processes)
             summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)

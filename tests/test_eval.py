@@ -232,3 +232,74 @@ def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
     with pytest.raises(ValueError, match="one of the inputs"):
         merge_evals([tmp_path / "a", tmp_path / "b"], tmp_path / "b")
     assert main(["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "m")]) == 2
+
+
+def _runs(out, cell) -> dict[str, str]:
+    """A cell's run records by task, without what differs between two runs of the same planner (call ids, times)."""
+    import re
+
+    from collect.trajectory import read_trajectories
+
+    def norm(t: dict) -> str:
+        steps = [{k: v for k, v in s.items() if k != "latency_s"} for s in t["steps"]]
+        keep = {k: t[k] for k in ("outcome", "answer", "correct", "final_ledger_hash", "model_errors")}
+        return re.sub(r'"call_[0-9a-f]+"', '"call"', json.dumps({**keep, "steps": steps}, sort_keys=True))
+
+    return {t["task_id"]: norm(t) for t in read_trajectories(out / "cells" / cell / "trajectories.jsonl")}
+
+
+def _timeless(d):
+    if isinstance(d, dict):
+        return {k: _timeless(v) for k, v in d.items() if "wall" not in k and "latency" not in k and k != "usage"}
+    return [_timeless(v) for v in d] if isinstance(d, list) else d
+
+
+@pytest.mark.slow
+def test_planners_evaluated_in_processes_give_what_one_process_gives(tmp_path):
+    """planner_processes: 2 evaluates the planners two at a time in spawned processes: the same cells in config
+    order, the same run records (bar call ids and times) and the same pooled figures as one process; a planner that
+    fails does not stop the others and is named in the error; bad values are refused."""
+    from serve.eval import main
+    from serve.local import free_port
+    from tests.fakes import FakeChatServer, text
+
+    def cfg(planners, n, name):
+        p = tmp_path / f"{name}.yaml"
+        body = {"split": "test", "limit": 3, "planners": planners, "planner_processes": n}
+        p.write_text(yaml.safe_dump(body, sort_keys=False))  # the planners in this order
+        return load_eval_config(str(p))
+
+    with FakeChatServer() as srv:
+        srv.default("planner", text("I will not call a tool."))  # every reply is rejected: budget exhausted
+        ep = {"base_url": srv.base_url, "model": "fake", "max_retries": 0}
+        planners = {"teacher": "offline", "refuser": {"endpoint": ep, "runtime": {"max_steps": 2}}, "other": "offline"}
+        one = run_eval(cfg(planners, 1, "one"), tmp_path / "one")
+        n_one = len(srv.role_requests("planner"))
+        two = run_eval(cfg(planners, 2, "two"), tmp_path / "two")
+        assert len(srv.role_requests("planner")) == 2 * n_one == 2 * 3 * 2  # the child process asked the server
+    assert list(two["cells"]) == list(one["cells"]) == [f"{p}__ledger__annotations" for p in planners]
+    for cell in one["cells"]:
+        assert _runs(tmp_path / "two", cell) == _runs(tmp_path / "one", cell), cell
+        assert len(_runs(tmp_path / "two", cell)) == 3
+    assert _timeless(two["planners"]) == _timeless(one["planners"])
+    assert _timeless(two["cells"]) == _timeless(one["cells"])
+    assert two["cells"]["refuser__ledger__annotations"]["outcomes"]["budget_exhausted"] == 3
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["cells"].keys() == two["cells"].keys()
+
+    # a planner whose endpoint is down fails in its process; the other planner's cell is finished on disk
+    dead = {"endpoint": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "model": "x", "max_retries": 0}}
+    with pytest.raises(ValueError, match=r"planner dead: .*unreachable"):
+        run_eval(cfg({"dead": dead, "teacher": "offline"}, 2, "fail"), tmp_path / "fail")
+    assert len(_runs(tmp_path / "fail", "teacher__ledger__annotations")) == 3
+    assert not (tmp_path / "fail" / "summary.json").exists()
+    # a missing checkpoint is refused before any process starts
+    with pytest.raises(FileNotFoundError, match="planner gone: checkpoint not found"):
+        run_eval(cfg({"teacher": "offline", "gone": {"checkpoint": str(tmp_path / "nope")}}, 2, "x"), tmp_path / "x")
+    assert not (tmp_path / "x" / "cells").exists()
+    for bad in (0, -1, "two", 1.5):
+        with pytest.raises(ValueError, match="planner_processes"):
+            cfg({"teacher": "offline"}, bad, "bad")
+    assert cfg({"teacher": "offline"}, "auto", "auto").planner_processes == "auto"
+    assert cfg({"teacher": "offline"}, "3", "digits").planner_processes == 3
+    argv = ["--config", str(tmp_path / "one.yaml"), "--planner-processes", "0", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
