@@ -262,13 +262,16 @@ def planner_endpoint(spec, defaults: dict):
             yield EndpointConfig(**{**defaults, **overrides, "base_url": server.base_url, "model": Path(ckpt).name})
 
 
+def _base_config(cfg: EvalConfig):
+    return load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit, "workers": cfg.workers})
+
+
 def _eval_planner(
-    cfg: EvalConfig, pname: str, out: Path, overwrite: bool, heldout_scores: dict, progress: bool | None = None
+    cfg: EvalConfig, base, pname: str, out: Path, overwrite: bool, heldout_scores: dict, progress: bool | None = None
 ) -> tuple[dict[str, dict], dict[str, list[dict]]]:
-    """Every cell of one planner (arm x perception), each an ordinary collect run in OUT/cells/<cell>/; with
-    `heldout`, the planner's held-out decision scores (cached per checkpoint in `heldout_scores`)."""
+    """Every cell of one planner (arm x perception), each an ordinary collect run in OUT/cells/<cell>/ from the base
+    collect config `base`; with `heldout`, the planner's held-out decision scores (cached per checkpoint)."""
     spec = cfg.planners[pname]
-    base = load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit, "workers": cfg.workers})
     cells: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
     with planner_endpoint(spec, cfg.planner_endpoint) as endpoint:
@@ -311,7 +314,7 @@ def _planner_process(cfg: EvalConfig, pname: str, out: Path, overwrite: bool, th
 
     torch.set_num_threads(threads)
     setup_logging()
-    cells, _ = _eval_planner(cfg, pname, out, overwrite, {}, progress=False)
+    cells, _ = _eval_planner(cfg, _base_config(cfg), pname, out, overwrite, {}, progress=False)
     return cells
 
 
@@ -356,6 +359,7 @@ def _run_planners_in_processes(cfg: EvalConfig, out: Path, overwrite: bool, n: i
 
 def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    base = _base_config(cfg)  # a broken base config fails here, before any cell or process starts
     n = cfg.planner_processes
     n = min(len(cfg.planners), _usable_cores() if n == "auto" else n)
     cells: dict[str, dict] = {}
@@ -369,7 +373,7 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     else:
         heldout_scores: dict[str | None, dict | None] = {}
         for pname in cfg.planners:
-            c, r = _eval_planner(cfg, pname, out, overwrite, heldout_scores)
+            c, r = _eval_planner(cfg, base, pname, out, overwrite, heldout_scores)
             cells.update(c)
             records.update(r)
     return write_summary(out, {"name": cfg.name, "split": cfg.split, "limit": cfg.limit}, cells, records)

@@ -296,6 +296,11 @@ def test_planners_evaluated_in_processes_give_what_one_process_gives(tmp_path):
     with pytest.raises(FileNotFoundError, match="planner gone: checkpoint not found"):
         run_eval(cfg({"teacher": "offline", "gone": {"checkpoint": str(tmp_path / "nope")}}, 2, "x"), tmp_path / "x")
     assert not (tmp_path / "x" / "cells").exists()
+    broken = cfg({"teacher": "offline", "other": "offline"}, 2, "broken")
+    broken.base = str(tmp_path / "no-such-base.yaml")  # so is a base collect config that does not load
+    with pytest.raises(FileNotFoundError, match=r"^config file not found: .*no-such-base"):  # not a planner's error
+        run_eval(broken, tmp_path / "b")
+    assert not (tmp_path / "b" / "cells").exists()
     for bad in (0, -1, "two", 1.5):
         with pytest.raises(ValueError, match="planner_processes"):
             cfg({"teacher": "offline"}, bad, "bad")
