@@ -94,12 +94,12 @@ eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS= PROCS= (planners at once) | ME
 bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench
 
-# make demo (goal <= 20 min on 2 cores from a fresh clone; 1,219 s in the slowest hour seen, 5ba52ea 2026-12-03 15:55;
-# the same demo before its last two cuts 1,051-1,232 s: the machine's speed varies by the hour, docs/training.md
-# "Fitting the demo"): set-up 40-80 s -> the teacher's runs with value and window references (1,080 train tasks,
-# ~30 s) -> state-SFT of the tiny planner (1000 steps, 8-11 min) -> one on-policy round (its own states on 60 train
-# tasks, labelled by the teacher; SFT 150 steps; GRPO 10 steps; ~5 min) -> the five planners on the first 36 test tasks,
-# two at a time (~2-3 min). The full-size measurement is `make measure` below.
+# make demo (goal <= 20 min on 2 cores from a fresh clone: 1,122 s and, in the slowest hour seen, 1,219 s on
+# 2026-12-03; the machine's speed varies by the hour, docs/training.md "Fitting the demo"): set-up 40-80 s -> the
+# teacher's runs with value and window references (1,080 train tasks, ~30 s) -> state-SFT of the tiny planner (1000
+# steps, 8-11 min) -> one on-policy round (its own states on 60 train tasks, labelled by the teacher; SFT 150 steps;
+# GRPO 10 steps; ~5 min) -> the five planners on the first 36 test tasks, two at a time (~2-3 min). The full-size
+# measurement is `make measure` below.
 demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network
 	$(PY) -m collect --config configs/collect/embedded_1800_windows.yaml --out runs/demo/collect --split train --no-progress
 	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft \
