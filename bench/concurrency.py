@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import time
 
-from collect.config import EndpointConfig, RuntimeConfig
+from collect.config import EndpointConfig, RuntimeConfig, usable_cores
 from collect.llm import ClientPool
 from collect.loop import run_task
 from collect.teacher import make_teacher_roles
@@ -301,7 +301,7 @@ def steady_state(
 
 
 def auto_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return usable_cores()
 
 
 # (concurrency, endpoint latency, duration, warm-up): 32 slots on a 100 ms endpoint, 256 on a 1 s endpoint

@@ -264,6 +264,11 @@ class TaskSource:
             raise ValueError("tasks.corpus: the embedded world brings its own corpus; corpus is for other sources")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one), at least 1."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
 @dataclass
 class CollectConfig:
     name: str = field(default="collect", metadata={"help": "run name (recorded in trajectories)"})
@@ -307,9 +312,7 @@ class CollectConfig:
 
     def n_workers(self) -> int:
         """`workers` as a number: 'auto' is the cores this process may run on."""
-        if self.workers == "auto":
-            return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
-        return int(self.workers)
+        return usable_cores() if self.workers == "auto" else int(self.workers)
 
     def hash(self) -> str:
         """Hash of everything that changes what a trajectory means (not limit/progress/harvest, nor how the tasks are

@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect.config import EndpointConfig, RuntimeConfig, load_config, read_yaml_mapping
+from collect.config import EndpointConfig, RuntimeConfig, load_config, read_yaml_mapping, usable_cores
 from collect.run import RunDirError, run_collection, setup_logging
 from collect.trajectory import read_trajectories
 from serve.report import write_report
@@ -318,17 +318,13 @@ def _planner_process(cfg: EvalConfig, pname: str, out: Path, overwrite: bool, th
     return cells
 
 
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def _run_planners_in_processes(cfg: EvalConfig, out: Path, overwrite: bool, n: int) -> dict[str, dict]:
     """The planners N at a time, in config order, in N spawned processes (each takes the next planner). A planner that
     fails does not stop the others (their cells stay on disk, resumable); the first failure is raised once all end."""
     import concurrent.futures
     import multiprocessing
 
-    threads = max(1, _usable_cores() // n)
+    threads = max(1, usable_cores() // n)
     log.info("%d planners, %d at a time, %d torch thread(s) each", len(cfg.planners), n, threads)
     ctx = multiprocessing.get_context("spawn")
     done: dict[str, dict[str, dict]] = {}
@@ -361,7 +357,7 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     base = _base_config(cfg)  # a broken base config fails here, before any cell or process starts
     n = cfg.planner_processes
-    n = min(len(cfg.planners), _usable_cores() if n == "auto" else n)
+    n = min(len(cfg.planners), usable_cores() if n == "auto" else n)
     cells: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
     if n > 1:
