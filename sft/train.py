@@ -20,6 +20,7 @@ Reads top to bottom:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -35,6 +36,9 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from collect.harvest import message_features, template_messages
 from sft.lm_head import compact_lm_head_on_cpu
+from sft.segment_cache import segment_cached
+
+logger = logging.getLogger(__name__)
 
 SFT_COLUMNS = ["prompt", "completion", "tools"]
 
@@ -79,6 +83,13 @@ class SFTScriptArguments:
         metadata={
             "help": "regex (PEFT exclude_modules, matched against full module names) of modules LoRA must not touch "
             "even when their names are in lora_target_modules, e.g. the Omni thinker's audio / vision towers"
+        },
+    )
+    segment_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "while TRL tokenizes the dataset, encode each chat turn once and reuse it (sft/segment_cache.py: "
+            "the same tokens, checked; ~3x faster preparation of planner rows); false = TRL's own encoding only"
         },
     )
     chat_template_kwargs: str | None = field(
@@ -330,14 +341,21 @@ def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, mod
     if "eval" not in dataset:
         training_args.eval_strategy = "no"
 
-    trainer = SFTTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=dataset["train"],
-        eval_dataset=dataset.get("eval") if training_args.eval_strategy != "no" else None,
-        processing_class=tokenizer,
-        peft_config=peft_config(model_args, script_args),  # None unless use_peft
-    )
+    t0 = time.time()
+    with segment_cached(tokenizer, enabled=script_args.segment_cache) as cache:  # TRL tokenizes the rows in here
+        trainer = SFTTrainer(
+            model=model,
+            args=training_args,
+            train_dataset=dataset["train"],
+            eval_dataset=dataset.get("eval") if training_args.eval_strategy != "no" else None,
+            processing_class=tokenizer,
+            peft_config=peft_config(model_args, script_args),  # None unless use_peft
+        )
+    trainer.prepare_s = round(time.time() - t0, 2)  # dataset preparation (+ model wrapping), for the summary
+    # what the cache did in this process (the workers of dataset_num_proc > 1 keep their own counts)
+    trainer.segment_cache_stats = None if cache is None else {**cache.stats, "enabled": cache._enabled}
+    if cache is not None:
+        logger.info("segment cache: %s", trainer.segment_cache_stats)
     return trainer, dataset
 
 
@@ -383,6 +401,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "eval_rows": len(dataset["eval"]) if "eval" in dataset else 0,
         "steps": trainer.state.global_step,
         "train_time_s": round(train_time, 2),
+        "prepare_s": getattr(trainer, "prepare_s", None),  # SFTTrainer construction: tokenizing the rows
+        "segment_cache": getattr(trainer, "segment_cache_stats", None),
         # tokens the trainer consumed (TRL logs a running num_tokens), for throughput figures
         "num_tokens": next(
             (int(float(h["num_tokens"])) for h in reversed(trainer.state.log_history) if "num_tokens" in h), None

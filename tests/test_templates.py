@@ -181,7 +181,7 @@ CASES = {
 }
 
 
-def _sft_trainer(env, case: str, tmp_path: Path, data: Path | None = None):
+def _sft_trainer(env, case: str, tmp_path: Path, data: Path | None = None, more: tuple = ()):
     """(trainer, dataset, parsed args) of the SFTTrainer sft.train builds for CASES[case]'s recipe, on the harvested
     decision and need-parse rows (env's, or those under `data`), with the tiny tokenizer carrying the case's real
     template."""
@@ -201,11 +201,28 @@ def _sft_trainer(env, case: str, tmp_path: Path, data: Path | None = None):
             "--config", str(ROOT / recipe), "--model_name_or_path", str(model_dir),
             "--dataset_dir", str(data / "sft"), "--output_dir", str(tmp_path / "out"),
             "--bf16", "false", "--dtype", "float32", "--gradient_checkpointing", "false", "--eval_strategy", "no",
-            "--kinds", "decision,need_parse", *extra,
+            "--kinds", "decision,need_parse", *extra, *more,
         ]
     )  # fmt: skip
     trainer, dataset = build_trainer(*args)
     return trainer, dataset, args
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_trl_prepares_the_same_rows_with_and_without_the_segment_cache(env, case, tmp_path):
+    """sft.train encodes through sft/segment_cache.py while TRL prepares the rows (each chat turn encoded once): under
+    each real template and its recipe's loss settings, TRL's tokenized dataset must be the one it makes by itself."""
+    cached, _, _ = _sft_trainer(env, case, tmp_path / "cached")
+    plain, _, _ = _sft_trainer(env, case, tmp_path / "plain", more=("--segment_cache", "false"))
+    assert plain.segment_cache_stats is None
+    stats = cached.segment_cache_stats
+    n = len(cached.train_dataset)  # TRL encodes each row's prompt and prompt + completion (+ 1 check with the
+    assert stats["enabled"] and 2 * n <= stats["texts"] <= 2 * n + 1 and stats["delegated"] == 0, stats  # tiny's)
+    assert stats["piece_hits"] > stats["pieces"] / 2, stats  # the role prompt and tool schemas were reused
+    a, b = cached.train_dataset, plain.train_dataset
+    assert a.column_names == b.column_names and len(a) == len(b) > 0
+    assert a.to_dict() == b.to_dict()
+    assert any(x != -100 for x in a[0]["labels"]) and any(x == -100 for x in a[0]["labels"])
 
 
 def _decision_states(env, case: str, tmp_path: Path):
