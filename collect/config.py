@@ -52,6 +52,14 @@ class EndpointConfig:
     price_out_per_mtok: float = field(default=0.0, metadata={"help": "USD per million completion tokens"})
     backoff_base_s: float = field(default=0.5, metadata={"help": "first retry delay; doubles per retry, +-50% jitter"})
     backoff_max_s: float = field(default=30.0, metadata={"help": "cap on one backoff delay (Retry-After may exceed)"})
+    served_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "set by serve.eval and collect.relabel when they serve a checkpoint themselves: its fingerprint "
+            "(serve.eval.checkpoint_fingerprint), which the run's config hash uses instead of the server's per-run "
+            "port, so a rerun resumes the OUT; not for hand-written configs"
+        },
+    )
 
     def __post_init__(self):
         if not self.base_url or not self.model:
@@ -326,6 +334,12 @@ class CollectConfig:
         for key in OFF_BY_DEFAULT_RUNTIME_KEYS:  # likewise runtime options at their off default
             if not d["runtime"].get(key):
                 d["runtime"].pop(key, None)
+        for ep in (d.get("endpoints") or {}).values():
+            # a checkpoint served for this run only (serve.eval, collect.relabel) listens on a fresh port each run:
+            # what the trajectories mean is the checkpoint, so its fingerprint stands in for the URL
+            served = ep.pop("served_from", None) if isinstance(ep, dict) else None
+            if served is not None:
+                ep["base_url"] = f"served checkpoint {served}"
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -257,9 +257,33 @@ def planner_endpoint(spec, defaults: dict):
         ckpt = spec["checkpoint"]
         if not Path(ckpt).is_dir():
             raise FileNotFoundError(f"planner checkpoint not found: {ckpt}")
+        served_from = checkpoint_fingerprint(ckpt)
         with LocalServer(ckpt) as server:
             overrides = spec.get("endpoint") or {}
-            yield EndpointConfig(**{**defaults, **overrides, "base_url": server.base_url, "model": Path(ckpt).name})
+            settings = {k: v for k, v in {**defaults, **overrides}.items() if k not in SERVED_KEYS}
+            yield EndpointConfig(
+                **settings,
+                base_url=server.base_url,
+                model=Path(ckpt).name,
+                served_from=served_from,
+            )
+
+
+SERVED_KEYS = ("base_url", "model", "served_from")  # set by planner_endpoint for a checkpoint it serves
+
+
+def checkpoint_fingerprint(path: str | os.PathLike) -> str:
+    """What a locally served checkpoint is, for run config hashes: the name, size and modification time of every file
+    in its directory (hashed). The server's port changes every run and must not (a rerun resumes its OUT); a checkpoint
+    trained again, or another one at the same path, must (the OUT then refuses to mix them). Cheap: nothing is read."""
+    import hashlib
+
+    entries = []
+    for f in sorted(Path(path).resolve().iterdir()):
+        if f.is_file():
+            st = f.stat()
+            entries.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
 def _base_config(cfg: EvalConfig):

@@ -3,14 +3,18 @@ client; a short eval writes a complete summary and a self-contained report that 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from html.parser import HTMLParser
 
 import pytest
 import yaml
 
+from collect.config import EndpointConfig, load_config
 from collect.ledger import OUTCOMES
-from serve.eval import format_table, load_eval_config, parse_planner_arg, run_eval
+from collect.run import RunDirError
+from serve.eval import checkpoint_fingerprint, format_table, load_eval_config, parse_planner_arg, run_eval
 
 SUMMARY_KEYS = {
     "n_tasks",
@@ -47,6 +51,7 @@ class _Collect(HTMLParser):
 
 @pytest.mark.slow
 def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_report(tmp_path, tiny_model):
+    ckpt = shutil.copytree(tiny_model, tmp_path / tiny_model.name)  # touched at the end
     cfg_path = tmp_path / "eval.yaml"
     cfg_path.write_text(
         yaml.safe_dump(
@@ -55,7 +60,7 @@ def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_re
                 "name": "e2e",
                 "split": "test",
                 "limit": 2,
-                "planners": {"teacher": "offline", "tiny": {"checkpoint": str(tiny_model)}},
+                "planners": {"teacher": "offline", "tiny": {"checkpoint": str(ckpt)}},
                 "arms": ["ledger", "react"],
                 "planner_endpoint": {"max_tokens": 24, "timeout_s": 60.0, "max_retries": 1},
             }
@@ -94,6 +99,37 @@ def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_re
     needles = ("planner prompt tokens per call", "Per-task viewer", "planner saw", "ledger diff", "outcomes")
     for needle in (*needles, "time window copied"):
         assert needle in text, needle
+
+    # run again into the same OUT (a killed eval resumed, `make demo` twice): the checkpoint is served on another
+    # port, which must not make its cells "another configuration"; every task is already done, nothing changes
+    cell = out / "cells/tiny__ledger__annotations"
+    before = (cell / "trajectories.jsonl").read_bytes()
+    again = run_eval(load_eval_config(str(cfg_path)), out)
+    assert (cell / "trajectories.jsonl").read_bytes() == before
+    assert again["cells"]["tiny__ledger__annotations"]["accuracy"] == tiny["accuracy"]
+    meta = json.loads((cell / "run_config.json").read_text())
+    assert meta["config"]["endpoints"]["planner"]["served_from"] == checkpoint_fingerprint(ckpt)
+    # the checkpoint rewritten in place (trained again): its old cells are refused, not mixed with new runs
+    (ckpt / "config.json").write_text((ckpt / "config.json").read_text() + "\n")
+    assert checkpoint_fingerprint(ckpt) != meta["config"]["endpoints"]["planner"]["served_from"]
+    with pytest.raises(RunDirError, match="another configuration"):
+        run_eval(load_eval_config(str(cfg_path)), out)
+
+
+def test_a_served_checkpoints_port_is_not_part_of_the_run_config_hash():
+    """serve.eval and collect.relabel serve a checkpoint on a fresh port each run; the run's config hash (what a rerun
+    checks before resuming an OUT) must follow the checkpoint, while a named endpoint's URL stays part of it."""
+    base = load_config("configs/collect/embedded.yaml")
+
+    def with_planner(**ep) -> str:
+        c = dataclasses.replace(base, endpoints={**base.endpoints, "planner": EndpointConfig(model="m", **ep)})
+        return c.hash()
+
+    served = with_planner(base_url="http://127.0.0.1:4100/v1", served_from="abc")
+    assert served == with_planner(base_url="http://127.0.0.1:4200/v1", served_from="abc")
+    assert served != with_planner(base_url="http://127.0.0.1:4100/v1", served_from="abd")
+    assert with_planner(base_url="http://h:1/v1") != with_planner(base_url="http://h:2/v1")
+    assert with_planner(base_url="http://h:1/v1") != served
 
 
 def test_planner_argument_forms(tmp_path):
