@@ -25,6 +25,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import logging
 import sys
 from collections import Counter
 from pathlib import Path
@@ -42,6 +43,8 @@ from collect.ledger import Asset, Budget, TaskContext, ledger_from_dict
 from collect.trajectory import iter_trajectories
 
 FORBIDDEN_SPLITS = ("test", "all", None)
+
+log = logging.getLogger(__name__)
 
 
 class TestSplitError(ValueError):
@@ -196,15 +199,23 @@ def run_relabel(
     planner_defaults: dict | None = None,
     concurrency: int | None = None,
     overwrite: bool = False,
+    processes: int | str = 1,
 ) -> dict:
-    """Run the student (`planner`: a serve.eval planner spec) over `split`, relabel its states; returns the stats."""
+    """Run the student (`planner`: a serve.eval planner spec) over `split`, relabel its states; returns the stats.
+
+    `processes` > 1 (or 'auto') with a checkpoint student: the tasks are split into that many shards (collect's
+    stable task-id hash), each run in a spawned process that serves the checkpoint itself with its share of the cores
+    as torch threads, into OUT/shards/K; collect.merge then writes OUT/collect (the same records as one process: the
+    rows are sorted by task and step either way)."""
     from collect.config import load_config
-    from collect.run import embedded_world, load_task_list, run_collection
-    from serve.eval import planner_endpoint
+    from collect.merge import merge
+    from collect.processes import raise_first, resolve_processes, run_spawned, threads_per_process
+    from collect.run import RunDirError, embedded_world, load_task_list
 
     check_split(split)
     base = load_config(config, {"split": split, "limit": limit, "progress": False})
-    check_split(split, load_task_list(base))
+    tasks = load_task_list(base)
+    check_split(split, tasks)
     if base.runtime.arm != "ledger":
         raise ValueError(f"{config}: runtime.arm is {base.runtime.arm!r}; relabelling needs the ledger arm")
     forbidden: set[str] = set()
@@ -212,14 +223,26 @@ def run_relabel(
         forbidden = {t.id for t in embedded_world(base.tasks.seed, base.tasks.n_tasks).tasks if t.split == "test"}
     out = Path(out)
     defaults = planner_defaults or {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2}
-    with planner_endpoint(planner, defaults) as endpoint:
-        cfg = copy.deepcopy(base)
-        cfg.name = f"relabel-round{round_}"
-        cfg.runtime = dataclasses.replace(cfg.runtime, concurrency=concurrency or cfg.runtime.concurrency)
-        if endpoint is not None:
-            cfg.endpoints = {**cfg.endpoints, "planner": endpoint}
-            cfg.roles = dataclasses.replace(cfg.roles, planner="planner")
-        summary = run_collection(cfg, out / "collect", overwrite=overwrite)
+    cfg = copy.deepcopy(base)
+    cfg.name = f"relabel-round{round_}"
+    cfg.runtime = dataclasses.replace(cfg.runtime, concurrency=concurrency or cfg.runtime.concurrency)
+    n = resolve_processes(processes, len(tasks)) if isinstance(planner, dict) else 1
+    if n > 1 and "checkpoint" in planner:
+        if cfg.shard is not None:
+            raise ValueError(f"{config}: shard {cfg.shard!r} is set; the relabel's processes shard the tasks itself")
+        if not Path(planner["checkpoint"]).is_dir():  # before any process starts
+            raise FileNotFoundError(f"planner checkpoint not found: {planner['checkpoint']}")
+        threads = threads_per_process(n)
+        log.info("student: %d task shards, %d at a time, %d torch thread(s) each", n, n, threads)
+        shards = {f"{k}/{n}": out / "shards" / str(k) for k in range(n)}
+        jobs = {
+            s: (dataclasses.replace(cfg, shard=s), planner, defaults, d, overwrite, threads) for s, d in shards.items()
+        }
+        _, errors = run_spawned(student_run, jobs, n, "student shard")
+        raise_first(errors, "student shard", (RunDirError,))
+        summary = merge(list(shards.values()), out / "collect", overwrite=True)
+    else:
+        summary = student_run(cfg, planner, defaults, out / "collect", overwrite)
     sft, rl, stats = relabel_trajectories(out / "collect" / "trajectories.jsonl", round_, forbidden)
     _write_jsonl(out / "onpolicy_sft.jsonl", sft)
     _write_jsonl(out / "onpolicy_rl_states.jsonl", rl)
@@ -241,7 +264,26 @@ def run_relabel(
     return result
 
 
+def student_run(cfg, planner, defaults: dict, out: Path, overwrite: bool, threads: int | None = None) -> dict:
+    """One collect run of the student over cfg's tasks (a shard of them in a relabel process, with `threads` torch
+    threads), its checkpoint served for the run; returns the run's summary."""
+    from collect.run import run_collection, setup_logging
+    from serve.eval import planner_endpoint
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+        setup_logging()
+    with planner_endpoint(planner, defaults) as endpoint:
+        if endpoint is not None:
+            cfg.endpoints = {**cfg.endpoints, "planner": endpoint}
+            cfg.roles = dataclasses.replace(cfg.roles, planner="planner")
+        return run_collection(cfg, out, overwrite=overwrite)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from collect.processes import parse_processes
     from collect.run import RunDirError, setup_logging
     from serve.eval import parse_planner_arg
 
@@ -254,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--max-tokens", type=int, default=640, help="student reply cap (a code_executor call is ~480)")
     ap.add_argument("--concurrency", type=int, default=None)
+    ap.add_argument("--processes", default="1", help="checkpoint student: task shards run at once, N or 'auto'")
     ap.add_argument("--teacher-data", default=None, help="teacher harvest dir: also write OUT/data (the aggregate)")
     ap.add_argument("--previous", nargs="*", default=[], help="earlier round folders to aggregate")
     ap.add_argument("--eval-share", type=float, default=0.1)
@@ -270,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             limit=a.limit,
             planner_defaults={"max_tokens": a.max_tokens, "timeout_s": 120.0, "max_retries": 2},
             concurrency=a.concurrency,
+            processes=parse_processes(a.processes, "--processes"),
         )
         if a.teacher_data:
             stats["aggregate"] = aggregate(

@@ -34,7 +34,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect.config import EndpointConfig, RuntimeConfig, load_config, read_yaml_mapping, usable_cores
+from collect.config import EndpointConfig, RuntimeConfig, load_config, read_yaml_mapping
+from collect.processes import parse_processes, raise_first, resolve_processes, run_spawned, threads_per_process
 from collect.run import RunDirError, run_collection, setup_logging
 from collect.trajectory import read_trajectories
 from serve.report import write_report
@@ -97,11 +98,7 @@ class EvalConfig:
 
 def parse_planner_processes(value) -> int | str:
     """`planner_processes` / --planner-processes: an integer >= 1 (or its digits) or 'auto'."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if value == "auto" or (type(value) is int and value >= 1):
-        return value
-    raise ValueError(f"planner_processes: expected an integer >= 1 or 'auto', got {value!r}")
+    return parse_processes(value, "planner_processes")
 
 
 def expand_seeds(planners: dict) -> dict:
@@ -345,43 +342,23 @@ def _planner_process(cfg: EvalConfig, pname: str, out: Path, overwrite: bool, th
 def _run_planners_in_processes(cfg: EvalConfig, out: Path, overwrite: bool, n: int) -> dict[str, dict]:
     """The planners N at a time, in config order, in N spawned processes (each takes the next planner). A planner that
     fails does not stop the others (their cells stay on disk, resumable); the first failure is raised once all end."""
-    import concurrent.futures
-    import multiprocessing
-
-    threads = max(1, usable_cores() // n)
+    threads = threads_per_process(n)
     log.info("%d planners, %d at a time, %d torch thread(s) each", len(cfg.planners), n, threads)
-    ctx = multiprocessing.get_context("spawn")
-    done: dict[str, dict[str, dict]] = {}
-    errors: list[tuple[str, BaseException]] = []
-    with concurrent.futures.ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futs = {pool.submit(_planner_process, cfg, p, out, overwrite, threads): p for p in cfg.planners}
-        try:
-            for fut in concurrent.futures.as_completed(futs):
-                pname = futs[fut]
-                try:
-                    done[pname] = fut.result()
-                except Exception as e:  # noqa: BLE001 - reported below, after the other planners finish
-                    errors.append((pname, e))
-                    log.error("planner %s failed: %s", pname, e)
-                    continue
-                accs = ", ".join(f"{c} accuracy {s.get('accuracy')}" for c, s in done[pname].items())
-                log.info("planner %s done (%d/%d): %s", pname, len(done) + len(errors), len(futs), accs)
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-    if errors:  # the first failure, its planner named; main() reports these types as a clear error
-        pname, e = errors[0]
-        more = f" (and {len(errors) - 1} more planner(s) failed: see the log)" if len(errors) > 1 else ""
-        kind = next((k for k in (FileNotFoundError, ValueError, RunDirError) if isinstance(e, k)), RuntimeError)
-        raise kind(f"planner {pname}: {type(e).__name__}: {e}{more}") from e
+
+    def report(pname: str, cells: dict, finished: int, total: int) -> None:
+        accs = ", ".join(f"{c} accuracy {s.get('accuracy')}" for c, s in cells.items())
+        log.info("planner %s done (%d/%d): %s", pname, finished, total, accs)
+
+    jobs = {p: (cfg, p, out, overwrite, threads) for p in cfg.planners}
+    done, errors = run_spawned(_planner_process, jobs, n, "planner", report)
+    raise_first(errors, "planner", (RunDirError,))  # main() reports these types as a clear error
     return {cell: s for p in cfg.planners for cell, s in done[p].items()}  # config order, as one process writes it
 
 
 def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     base = _base_config(cfg)  # a broken base config fails here, before any cell or process starts
-    n = cfg.planner_processes
-    n = min(len(cfg.planners), usable_cores() if n == "auto" else n)
+    n = resolve_processes(cfg.planner_processes, len(cfg.planners))
     cells: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}
     if n > 1:

@@ -35,6 +35,10 @@ class OnPolicyConfig:
     rounds: int = field(default=2, metadata={"help": "relabel + SFT rounds"})
     planner_endpoint: dict = field(default_factory=lambda: {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2})
     concurrency: int | None = field(default=4, metadata={"help": "tasks in flight while the student runs"})
+    relabel_processes: int | str = field(
+        default=1,
+        metadata={"help": "checkpoint student: its run in this many task shards at once, spawned processes (N|auto)"},
+    )
     sft_config: str = field(default="configs/sft/tiny.yaml", metadata={"help": "sft.train recipe"})
     sft_args: dict = field(default_factory=dict, metadata={"help": "sft.train overrides, e.g. {max_steps: 600}"})
     init: str = field(default="previous", metadata={"help": "previous: fine-tune the last model | scratch"})
@@ -48,9 +52,11 @@ class OnPolicyConfig:
     )
 
     def __post_init__(self):
+        from collect.processes import parse_processes
         from collect.relabel import check_split
 
         check_split(self.split)
+        self.relabel_processes = parse_processes(self.relabel_processes, "relabel_processes")
         if self.init not in ("previous", "scratch"):
             raise ValueError(f"init must be previous or scratch, got {self.init!r}")
         if self.rounds < 1:
@@ -120,6 +126,7 @@ def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
             limit=cfg.limit,
             planner_defaults=cfg.planner_endpoint,
             concurrency=cfg.concurrency,
+            processes=cfg.relabel_processes,
         )
         stats["relabel_s"] = round(time.perf_counter() - t0, 1)
         rounds_done.append(rdir)

@@ -143,6 +143,34 @@ def test_test_split_is_refused_before_anything_runs(tmp_path, relabelled):
         OnPolicyConfig(split="test")
 
 
+@pytest.mark.slow
+def test_a_checkpoint_student_run_in_task_shards_gives_what_one_process_gives(tmp_path, tiny_model):
+    """relabel_processes / --processes: the student's tasks in 2 spawned processes, each serving the checkpoint, then
+    merged; the rows, labels and student figures must be those of one process, and a rerun resumes the shards."""
+    spec = {"checkpoint": str(tiny_model)}
+    kw = {"config": BASE, "split": "train", "limit": 4, "concurrency": 2}
+    kw["planner_defaults"] = {"max_tokens": 12, "timeout_s": 60.0, "max_retries": 0}
+    one = run_relabel(spec, tmp_path / "one", 1, **kw)
+    two = run_relabel(spec, tmp_path / "two", 1, processes=2, **kw)
+    for name in ("onpolicy_sft.jsonl", "onpolicy_rl_states.jsonl"):
+        a, b = _jsonl(tmp_path / "one" / name), _jsonl(tmp_path / "two" / name)
+        assert a == b and len(a) > 0, name
+    assert two == one and one["tasks"] == 4
+    shard_tasks = [
+        {r["task_id"] for r in read_trajectories(tmp_path / "two" / "shards" / k / "trajectories.jsonl")}
+        for k in ("0", "1")
+    ]
+    assert all(shard_tasks) and not shard_tasks[0] & shard_tasks[1]  # both shards ran, no task twice
+    merged = [r["task_id"] for r in read_trajectories(tmp_path / "two" / "collect" / "trajectories.jsonl")]
+    assert sorted(merged) == sorted(shard_tasks[0] | shard_tasks[1])
+    # a rerun (a killed round resumed): the shards are served on new ports and still resume, nothing is re-run
+    before = (tmp_path / "two" / "collect" / "trajectories.jsonl").read_bytes()
+    assert run_relabel(spec, tmp_path / "two", 1, processes=2, **kw) == two
+    assert (tmp_path / "two" / "collect" / "trajectories.jsonl").read_bytes() == before
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        run_relabel({"checkpoint": str(tmp_path / "gone")}, tmp_path / "x", 1, processes=2, **kw)
+
+
 def test_onpolicy_recipe_parses_and_rejects_unknown_keys(tmp_path):
     from sft.onpolicy import load_onpolicy_config
 
@@ -152,6 +180,12 @@ def test_onpolicy_recipe_parses_and_rejects_unknown_keys(tmp_path):
     p.write_text("roundz: 2\n")
     with pytest.raises(ValueError, match="roundz"):
         load_onpolicy_config(str(p))
+    for bad in (0, -1, "two", 1.5):
+        p.write_text(f"relabel_processes: {bad}\n")
+        with pytest.raises(ValueError, match="relabel_processes"):
+            load_onpolicy_config(str(p))
+    p.write_text("relabel_processes: auto\n")
+    assert load_onpolicy_config(str(p)).relabel_processes == "auto"
 
 
 def test_rl_reads_onpolicy_states_from_several_dirs(relabelled, tmp_path):
