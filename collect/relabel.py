@@ -211,6 +211,7 @@ def run_relabel(
     from collect.merge import merge
     from collect.processes import raise_first, resolve_processes, run_spawned, threads_per_process
     from collect.run import RunDirError, embedded_world, load_task_list
+    from serve.eval import require_checkpoint
 
     check_split(split)
     base = load_config(config, {"split": split, "limit": limit, "progress": False})
@@ -230,8 +231,7 @@ def run_relabel(
     if n > 1 and "checkpoint" in planner:
         if cfg.shard is not None:
             raise ValueError(f"{config}: shard {cfg.shard!r} is set; the relabel's processes shard the tasks itself")
-        if not Path(planner["checkpoint"]).is_dir():  # before any process starts
-            raise FileNotFoundError(f"planner checkpoint not found: {planner['checkpoint']}")
+        require_checkpoint(planner, "student")  # before any process starts
         threads = threads_per_process(n)
         log.info("student: %d task shards, %d at a time, %d torch thread(s) each", n, n, threads)
         shards = {f"{k}/{n}": out / "shards" / str(k) for k in range(n)}

@@ -251,9 +251,7 @@ def planner_endpoint(spec, defaults: dict):
     else:
         from serve.local import LocalServer
 
-        ckpt = spec["checkpoint"]
-        if not Path(ckpt).is_dir():
-            raise FileNotFoundError(f"planner checkpoint not found: {ckpt}")
+        ckpt = require_checkpoint(spec)
         served_from = checkpoint_fingerprint(ckpt)
         with LocalServer(ckpt) as server:
             overrides = spec.get("endpoint") or {}
@@ -264,6 +262,15 @@ def planner_endpoint(spec, defaults: dict):
                 model=Path(ckpt).name,
                 served_from=served_from,
             )
+
+
+def require_checkpoint(spec: dict, who: str = "planner") -> str:
+    """The checkpoint folder of a {checkpoint: DIR} planner spec; FileNotFoundError naming `who` when it is missing
+    (checked before a server or any process starts)."""
+    ckpt = spec["checkpoint"]
+    if not Path(ckpt).is_dir():
+        raise FileNotFoundError(f"{who}: checkpoint not found: {ckpt}")
+    return ckpt
 
 
 SERVED_KEYS = ("base_url", "model", "served_from")  # set by planner_endpoint for a checkpoint it serves
@@ -363,8 +370,8 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
     records: dict[str, list[dict]] = {}
     if n > 1:
         for pname, spec in cfg.planners.items():  # fail before any process starts, as one process fails at its turn
-            if isinstance(spec, dict) and "checkpoint" in spec and not Path(spec["checkpoint"]).is_dir():
-                raise FileNotFoundError(f"planner {pname}: checkpoint not found: {spec['checkpoint']}")
+            if isinstance(spec, dict) and "checkpoint" in spec:
+                require_checkpoint(spec, f"planner {pname}")
         cells = _run_planners_in_processes(cfg, out, overwrite, n)
         records = {cell: list(read_trajectories(out / "cells" / cell / "trajectories.jsonl")) for cell in cells}
     else:
