@@ -227,8 +227,9 @@ def run_relabel(
     cfg = copy.deepcopy(base)
     cfg.name = f"relabel-round{round_}"
     cfg.runtime = dataclasses.replace(cfg.runtime, concurrency=concurrency or cfg.runtime.concurrency)
-    n = resolve_processes(processes, len(tasks)) if isinstance(planner, dict) else 1
-    if n > 1 and "checkpoint" in planner:
+    served = isinstance(planner, dict) and "checkpoint" in planner  # only a checkpoint is served per process
+    n = resolve_processes(processes, len(tasks)) if served else 1
+    if n > 1:
         if cfg.shard is not None:
             raise ValueError(f"{config}: shard {cfg.shard!r} is set; the relabel's processes shard the tasks itself")
         require_checkpoint(planner, "student")  # before any process starts

@@ -76,7 +76,7 @@ class EvalConfig:
         if not self.planners:
             raise ValueError("eval config: `planners` is empty")
         self.planners = expand_seeds(self.planners)
-        self.planner_processes = parse_planner_processes(self.planner_processes)
+        self.planner_processes = parse_processes(self.planner_processes, "planner_processes")
         runtime_fields = {f.name for f in dataclasses.fields(RuntimeConfig)} - {"arm", "concurrency"}
         for name, spec in self.planners.items():
             keys = set(spec) - {"runtime"} if isinstance(spec, dict) else None
@@ -94,11 +94,6 @@ class EvalConfig:
                 )
             if keys == {"checkpoint", "endpoint"} and {"base_url", "model"} & set(spec["endpoint"]):
                 raise ValueError(f"planners.{name}: a served checkpoint gets its base_url/model from serve.local")
-
-
-def parse_planner_processes(value) -> int | str:
-    """`planner_processes` / --planner-processes: an integer >= 1 (or its digits) or 'auto'."""
-    return parse_processes(value, "planner_processes")
 
 
 def expand_seeds(planners: dict) -> dict:
@@ -514,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.workers is not None:
                 cfg.workers = args.workers
             if args.planner_processes is not None:
-                cfg.planner_processes = parse_planner_processes(args.planner_processes)
+                cfg.planner_processes = parse_processes(args.planner_processes, "planner_processes")
             summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)

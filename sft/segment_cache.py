@@ -109,6 +109,8 @@ class SegmentCachedBackend:
     def _encode_one(self, text: str):
         from tokenizers import Encoding
 
+        if not self._enabled:  # switched off earlier in this run
+            return self._backend.encode(text, add_special_tokens=False)
         pieces = [self._piece(p) for p in self._split.split(text) if p]
         merged = (
             Encoding.merge(pieces, growing_offsets=True)
@@ -137,9 +139,7 @@ class SegmentCachedBackend:
             return self._backend.encode_batch(
                 inputs, add_special_tokens=add_special_tokens, is_pretokenized=is_pretokenized
             )
-        return [
-            self._encode_one(x) if self._enabled else self._backend.encode(x, add_special_tokens=False) for x in inputs
-        ]
+        return [self._encode_one(x) for x in inputs]
 
     def encode(self, sequence, pair=None, is_pretokenized: bool = False, add_special_tokens: bool = True):
         if pair is None and isinstance(sequence, str) and self._plain(add_special_tokens, is_pretokenized):
