@@ -3,8 +3,11 @@
     r = a1 * valid + a2 * gate + a3 * target + a4 * align,   (a1..a4) = (0.1, 0.1, 0.2, 0.6) by default
 
 valid and gate are ledger/schema rules (rewards.rules); target and align come from one judge call per candidate
-(rewards.judge). ``REWARD_FUNCS`` maps each name to its function; pass ``list(REWARD_FUNCS.values())`` and the
-matching weights to GRPOTrainer so TRL logs every component as ``rewards/<name>/mean``.
+(rewards.judge). A fifth, ``compute`` (rewards.execution), is not the paper's and weighs 0 by default: on a state whose
+reference decision is a program it runs the candidate's program and the reference's in the sandbox and is 1 when they
+print the same value (None on other states). ``REWARD_FUNCS`` maps each name to its function; pass
+``list(REWARD_FUNCS.values())`` and the matching weights to GRPOTrainer so TRL logs every component as
+``rewards/<name>/mean``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,34 @@ import asyncio
 import inspect
 import math
 
+from rewards.execution import ExecutionCheck, compute, get_execution_check, use_execution_check
 from rewards.judge import JudgeConfig, OfflineJudge, OpenAIJudge, align, build_judge, get_judge, target, use_judge
 from rewards.rules import gate, valid
 
-REWARD_FUNCS = {"valid": valid, "gate": gate, "target": target, "align": align}
-DEFAULT_WEIGHTS = {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6}
+REWARD_FUNCS = {"valid": valid, "gate": gate, "target": target, "align": align, "compute": compute}
+DEFAULT_WEIGHTS = {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6, "compute": 0.0}
+PAPER_REWARDS = ("valid", "gate", "target", "align")  # alpha_1..alpha_4 of paper v3 Appendix F.3, in this order
+
+
+UNWEIGHTED_SKIPPED = ("compute",)  # costly and not the paper's: not run at all while its weight is 0
+
+
+def trainer_reward_funcs(weights: dict[str, float] | None = None) -> list:
+    """The reward functions for GRPOTrainer, in REWARD_FUNCS order. One in UNWEIGHTED_SKIPPED whose weight is 0 is
+    replaced by a function of the same name that skips every completion (None; TRL logs it as NaN), so a recipe
+    without ``compute`` runs no program; the others are always computed and logged, whatever their weight."""
+    w = dict(zip(REWARD_FUNCS, weights_list(weights), strict=True))
+    out = []
+    for name, fn in REWARD_FUNCS.items():
+        if name in UNWEIGHTED_SKIPPED and w[name] == 0:
+
+            def skipped(completions: list, **kwargs) -> list[float | None]:
+                return [None] * len(completions)
+
+            skipped.__name__ = skipped.__qualname__ = name  # TRL logs rewards/<__name__>/mean
+            fn = skipped
+        out.append(fn)
+    return out
 
 
 def weights_list(weights: dict[str, float] | None = None) -> list[float]:
@@ -59,16 +85,22 @@ def total(components: dict[str, list[float | None]], weights: dict[str, float] |
 __all__ = [
     "REWARD_FUNCS",
     "DEFAULT_WEIGHTS",
+    "ExecutionCheck",
     "JudgeConfig",
+    "PAPER_REWARDS",
     "OfflineJudge",
     "OpenAIJudge",
     "align",
     "build_judge",
+    "compute",
     "gate",
+    "get_execution_check",
     "get_judge",
     "score_components",
     "target",
     "total",
+    "trainer_reward_funcs",
+    "use_execution_check",
     "use_judge",
     "valid",
     "weights_list",

@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,6 +55,13 @@ class RLScriptArguments:
     train_split: str = field(default="train", metadata={"help": "split to train on"})
     origins: str | None = field(
         default=None, metadata={"help": "keep only states of these origins (comma-separated: teacher, onpolicy)"}
+    )
+    reference_tools: str | None = field(
+        default=None,
+        metadata={
+            "help": "keep only states whose reference decision calls one of these tools (comma-separated, e.g. "
+            "code_executor: GRPO on the program states, where the compute reward applies)"
+        },
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "cap the number of states (demo/debug)"})
     reference_candidate: bool = field(
@@ -90,16 +98,38 @@ class RLRecipe(NamedTuple):
 
 
 def named_weights(weights) -> dict[str, float]:
-    """reward_weights by reward name, from TRL's list (REWARD_FUNCS order), a mapping, or None (paper defaults)."""
-    from rewards import DEFAULT_WEIGHTS, REWARD_FUNCS, weights_list
+    """reward_weights by reward name, from TRL's list (REWARD_FUNCS order; the paper's four alone leave `compute` at
+    its default 0), a mapping, or None (paper defaults)."""
+    from rewards import DEFAULT_WEIGHTS, PAPER_REWARDS, REWARD_FUNCS, weights_list
 
     if weights is None:
         return dict(DEFAULT_WEIGHTS)
     if isinstance(weights, dict):
         return dict(zip(REWARD_FUNCS, weights_list(weights), strict=True))
-    if len(weights) != len(REWARD_FUNCS):
-        raise ValueError(f"reward_weights: {len(weights)} values for {len(REWARD_FUNCS)} rewards {list(REWARD_FUNCS)}")
-    return dict(zip(REWARD_FUNCS, map(float, weights), strict=True))
+    if len(weights) not in (len(PAPER_REWARDS), len(REWARD_FUNCS)):
+        raise ValueError(
+            f"reward_weights: {len(weights)} values for {len(REWARD_FUNCS)} rewards {list(REWARD_FUNCS)} "
+            f"(or the paper's {len(PAPER_REWARDS)}: {list(PAPER_REWARDS)})"
+        )
+    given = dict(zip(REWARD_FUNCS, map(float, weights), strict=False))  # the first len(weights) names, in order
+    return dict(zip(REWARD_FUNCS, weights_list(given), strict=True))
+
+
+def named_weights_flag(argv: list[str] | None) -> list[str] | None:
+    """`--reward_weights '{"compute": 0.3, ...}'` (a JSON mapping by reward name, as a recipe's YAML mapping; what
+    sft.onpolicy's rl_args and load_config pass for a mapping) becomes TRL's list of floats in REWARD_FUNCS order."""
+    if not argv:
+        return argv
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a in ("--reward_weights", "--reward-weights") and out[i + 1].lstrip().startswith("{"):
+            try:
+                mapping = json.loads(out[i + 1])
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--reward_weights: not a JSON mapping: {e}: {out[i + 1]!r}") from None
+            out[i + 1 : i + 2] = [str(w) for w in named_weights(mapping).values()]
+            break
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> RLRecipe:
@@ -109,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> RLRecipe:
     machine), as in sft.train; a recipe that sets bf16: true still needs `--bf16 false` there."""
     import torch
 
-    argv = list(argv) if argv is not None else None
+    argv = named_weights_flag(list(argv) if argv is not None else sys.argv[1:])
     parser = TrlParser((RLScriptArguments, GRPOConfig, ModelConfig))
     if not torch.cuda.is_available():
         parser.set_defaults(use_cpu=True, bf16=False)
@@ -366,14 +396,15 @@ class ReferenceGuidedGRPOTrainer(StateRecordingGRPOTrainer):
 
 def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: dict, n_states: int) -> dict:
     """Steps, wall time and per-component reward means (first/last/mean over logged steps)."""
-    from rewards import REWARD_FUNCS
+    from rewards import REWARD_FUNCS, get_execution_check
 
     hist = [h for h in trainer.state.log_history if "reward" in h]
     keys = ["reward"] + [f"rewards/{k}/mean" for k in REWARD_FUNCS] + ["kl", "frac_reward_zero_std", "loss"]
     keys += ["guide/advantage", "guide/above_mean"]
     comp = {}
     for k in keys:
-        vals = [h[k] for h in hist if k in h and h[k] == h[k]]  # drop NaN
+        # drop NaN and None (TRL logs a reward every completion skipped, e.g. an unweighted compute, as None)
+        vals = [h[k] for h in hist if isinstance(h.get(k), int | float) and h[k] == h[k]]
         if vals:
             q = max(1, len(vals) // 4)  # one step's reward is a few states' worth: quarters show the trend
             comp[k] = {
@@ -399,6 +430,7 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
         "reward_weights": named_weights(recipe.training.reward_weights),
         "metrics": comp,
         "judge": judge_stats,
+        "compute_check": dict(get_execution_check().stats),  # programs run by the compute reward (0 when unweighted)
         "history": history,  # every logged step: reward, its components, KL, share of groups with one reward
     }
 
@@ -422,6 +454,17 @@ def reference_built_like(policy):
         yield cls
 
 
+def states_calling(ds, tools: str):
+    """The states of `ds` whose reference decision calls one of `tools` (comma-separated names); none is an error."""
+    from rewards.rules import load_json_column
+
+    keep = {t.strip() for t in tools.split(",") if t.strip()}
+    ds = ds.filter(lambda r: (load_json_column(r["reference_action"], "reference_action") or {}).get("name") in keep)
+    if len(ds) == 0:
+        raise ValueError(f"reference_tools {sorted(keep)}: no state's reference decision calls them")
+    return ds
+
+
 def build_trainer(recipe: RLRecipe):
     """Data, policy, rewards and GRPOTrainer for one recipe. Returns (trainer, tokenizer, judge, how, n_states)."""
     script, training, model_args = recipe
@@ -429,6 +472,8 @@ def build_trainer(recipe: RLRecipe):
     from collect.relabel import load_state_pool  # teacher and/or on-policy (student-reached) states
 
     ds = load_state_pool(script.dataset_dir, script.train_split, script.origins)
+    if script.reference_tools:
+        ds = states_calling(ds, script.reference_tools)
     if script.max_train_samples:
         ds = ds.select(range(min(script.max_train_samples, len(ds))))
     model, tok, peft_config, how = load_policy(model_args)
@@ -439,10 +484,12 @@ def build_trainer(recipe: RLRecipe):
     ds = render_prompts(ds, tok, training.chat_template_kwargs)
     log.info("%d states from %s; policy %s (%s)", len(ds), script.dataset_dir, model_args.model_name_or_path, how)
 
-    # 2. rewards: valid, gate (rules) + target, align (one judge call each candidate)
-    from rewards import REWARD_FUNCS, build_judge, use_judge
+    # 2. rewards: valid, gate (rules) + target, align (one judge call each candidate) + compute (programs run; only
+    #    when the recipe weighs it)
+    from rewards import ExecutionCheck, build_judge, trainer_reward_funcs, use_execution_check, use_judge
 
     judge = use_judge(build_judge(script.judge))
+    use_execution_check(ExecutionCheck())  # a fresh memo of program outputs for this run
 
     # 3. GRPO with the recipe's objective; the reference is built with the policy's class
     from sft.lm_head import compact_lm_head_on_cpu
@@ -452,7 +499,7 @@ def build_trainer(recipe: RLRecipe):
         trainer_cls = ReferenceGuidedGRPOTrainer if script.reference_candidate else StateRecordingGRPOTrainer
         trainer = trainer_cls(
             model=model,
-            reward_funcs=list(REWARD_FUNCS.values()),
+            reward_funcs=trainer_reward_funcs(named_weights(training.reward_weights)),
             args=training,
             train_dataset=ds,
             processing_class=tok,

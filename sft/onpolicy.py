@@ -78,7 +78,10 @@ def load_onpolicy_config(path: str, overrides: dict | None = None) -> OnPolicyCo
 def _flags(d: dict) -> list[str]:
     out = []
     for k, v in d.items():
-        out += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
+        if isinstance(v, list | tuple):  # e.g. reward_weights as TRL's list: one argument per value
+            out += [f"--{k}", *map(str, v)]
+        else:
+            out += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
     return out
 
 

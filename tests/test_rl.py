@@ -31,8 +31,9 @@ def test_recipes_load_and_carry_the_paper_objective():
     assert isinstance(big, GRPOConfig) and isinstance(model, ModelConfig)
     assert (big.num_generations, big.learning_rate, big.num_train_epochs) == (8, 5e-6, 5)
     assert (big.beta, big.epsilon, big.loss_type, big.lr_scheduler_type) == (0.01, 0.2, "grpo", "cosine")
-    assert big.reward_weights == [0.1, 0.1, 0.2, 0.6]  # the recipe's mapping, in REWARD_FUNCS order for TRL
-    assert named_weights(big.reward_weights) == {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6}
+    # the recipe's mapping, in REWARD_FUNCS order for TRL; the execution check (not the paper's) is off
+    assert big.reward_weights == [0.1, 0.1, 0.2, 0.6, 0.0]
+    assert named_weights(big.reward_weights) == {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6, "compute": 0}
     assert (
         big.use_vllm
         and big.vllm_mode == "server"
@@ -79,8 +80,19 @@ def test_every_trl_option_is_a_recipe_key_and_a_command_line_override(tmp_path):
     )
     assert (script.dataset_dir, model.model_name_or_path, training.output_dir) == ("D", "M", str(tmp_path / "o"))
     assert training.learning_rate == 1e-5 and training.num_iterations == 2 and model.lora_r == 4
-    assert training.reward_weights == [0.25] * 4 and script.judge == {"kind": "offline", "cache_path": "c.jsonl"}
+    assert training.reward_weights == [0.25] * 4 + [0.0] and script.judge == {
+        "kind": "offline",
+        "cache_path": "c.jsonl",
+    }
     assert training.num_generations == 4  # untouched recipe values stay
+    # a mapping by reward name on the command line (a recipe's YAML form; what sft.onpolicy's rl_args pass)
+    from sft.onpolicy import _flags
+
+    for flags in (["--reward_weights", '{"align": 0.3, "compute": 0.3}'], _flags({"reward_weights": [1, 0, 0, 0, 2]})):
+        _, training, _ = parse_args(["--config", str(ROOT / "configs/rl/tiny.yaml"), *flags])
+        assert training.reward_weights in ([0.1, 0.1, 0.2, 0.3, 0.3], [1.0, 0.0, 0.0, 0.0, 2.0])
+    with pytest.raises(ValueError, match="unknown reward weight"):
+        parse_args(["--config", str(ROOT / "configs/rl/tiny.yaml"), "--reward_weights", '{"exec": 1}'])
     p = tmp_path / "r.yaml"
     p.write_text("num_iterations: 3\nmax_train_samples: 5\nuse_peft: true\nlora_target_modules: [q_proj, v_proj]\n")
     script, training, model = parse_args(["--config", str(p), "--output_dir", str(tmp_path / "o")])
@@ -604,3 +616,69 @@ def test_placebo_rewards_permute_each_groups_rewards_among_its_completions_only(
     assert torch.equal(trainer._rewards_per_func, shuffle_within_groups(rewards, g, 3))  # what scored_states logs
     trainer.model.training = False
     assert torch.equal(trainer._calculate_rewards(None, None, None, None), rewards)  # evaluation: never shuffled
+
+
+@pytest.mark.slow
+def test_grpo_passes_its_columns_to_the_execution_check_and_weighs_it_only_when_the_recipe_does(
+    sft_policy, recorded_states, tmp_path
+):
+    """On the teacher's program states (anchor_compute), TRL's own reward step (GRPOTrainer._calculate_rewards with
+    the dataset columns it forwards) runs each candidate program: the reference program earns compute 1, a program
+    with another formula 0, and the weighted reward differs by the recipe's compute weight. With the default weight
+    (0) the check is not run at all; a one-step GRPO run with it on runs programs and records how many."""
+    from datasets import Dataset, DatasetDict
+
+    from collect.actions import Action
+    from rl.train import build_trainer, train
+
+    sft, _, d = sft_policy
+    rows = [r for r in recorded_states if json.loads(r["reference_action"])["name"] == "code_executor"]
+    assert len(rows) >= 2
+    pool = tmp_path / "code_states"
+    DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(pool))
+    ref = json.loads(rows[0]["reference_action"])
+    head, last = ref["arguments"]["code"].rstrip("\n").rsplit("\n", 1)
+    assert last.startswith("print(") and "-" in last
+    other = dict(ref["arguments"], code=head + "\n" + last.replace("-", "+", 1) + "\n")
+    completions = [Action("code_executor", ref["arguments"]).to_text(), Action("code_executor", other).to_text()]
+
+    def rewards_of(weights: dict | None):
+        overrides = {"model_name_or_path": str(sft), "dataset_dir": str(pool), "output_dir": str(tmp_path / "o")}
+        if weights is not None:
+            overrides["reward_weights"] = weights
+        trainer, *_ = build_trainer(load_config(str(ROOT / "configs/rl/tiny.yaml"), overrides))
+        ds = trainer.train_dataset
+        inputs = [ds[0], ds[0]]
+        per_func = trainer._calculate_rewards(inputs, [ds[0]["prompt"]] * 2, completions, [[1], [1]])
+        return trainer, per_func
+
+    weights = {"valid": 0.1, "gate": 0.1, "target": 0.2, "align": 0.6, "compute": 0.5}
+    trainer, per_func = rewards_of(weights)
+    names = trainer.reward_func_names
+    assert names == ["valid", "gate", "target", "align", "compute"]
+    assert per_func[:, names.index("compute")].tolist() == [1.0, 0.0]
+    assert per_func[0, :4].tolist() == [1.0, 1.0, 1.0, 1.0]  # the reference itself: full marks on the paper's four
+    w = trainer.reward_weights
+    total = (per_func * w.unsqueeze(0)).nansum(dim=1)
+    assert float(total[0] - total[1]) == pytest.approx(
+        0.5 + float(((per_func[0, :4] - per_func[1, :4]) * w[:4]).sum()), abs=1e-6
+    )
+    _, off = rewards_of(None)  # configs/rl/tiny.yaml's own weights: the paper's four, compute 0
+    assert torch.isnan(off[:, names.index("compute")]).all()
+
+    _, summary = train(
+        load_config(
+            str(ROOT / "configs/rl/tiny.yaml"),
+            {
+                "model_name_or_path": str(sft),
+                "dataset_dir": str(pool),
+                "output_dir": str(tmp_path / "out"),
+                "max_steps": 1,
+                "max_completion_length": 32,
+                "reward_weights": weights,
+            },
+        )
+    )
+    assert summary["reward_weights"]["compute"] == 0.5
+    assert summary["compute_check"]["runs"] >= 1  # at least the reference programs of the drawn states
+    assert summary["metrics"]["rewards/compute/mean"]["mean"] == 0.0  # 32 sampled tokens never write a program
