@@ -180,7 +180,14 @@ def pool_planners(cells: dict[str, dict], records: dict[str, list[dict]]) -> dic
             **task_type_stats(recs),
             "heldout": {
                 k: sum(h[k] for h in heldout) / len(heldout)
-                for k in ("valid", "reference_tool_match", "reference_action_match", "reference_query_match", "total")
+                for k in (
+                    "valid",
+                    "reference_tool_match",
+                    "reference_action_match",
+                    "reference_query_match",
+                    "compute",  # the greedy program prints the teacher program's value (rewards.execution)
+                    "total",
+                )
                 if heldout and all(h.get(k) is not None for h in heldout)
             }
             or None,
@@ -201,7 +208,17 @@ def score_heldout(spec, heldout: dict) -> dict | None:
         n=int(heldout.get("n", 100000)),
         config=heldout.get("config"),
     )
-    keys = ("n", "valid", "gate", "target", "align", "total", "reference_tool_match", "reference_action_match")
+    keys = (
+        "n",
+        "valid",
+        "gate",
+        "target",
+        "align",
+        "compute",
+        "total",
+        "reference_tool_match",
+        "reference_action_match",
+    )
     return {k: res.get(k) for k in (*keys, "reference_query_match", "n_with_query")}
 
 

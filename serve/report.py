@@ -188,7 +188,7 @@ def planners_table(planners: dict[str, dict]) -> str:
             f"{tw.get('tasks_with_wrong_window', 0)} runs off)</td>"
             + "".join(f"<td>{p.get('outcomes', {}).get(o, 0)}</td>" for o in OUTCOMES)
             + f"<td>{_pct(h.get('valid'))}</td><td>{_pct(h.get('reference_tool_match'))}</td>"
-            f"<td>{_pct(h.get('reference_query_match'))}</td></tr>"
+            f"<td>{_pct(h.get('reference_query_match'))}</td><td>{_pct(h.get('compute'))}</td></tr>"
         )
     return (
         "<h2>Planners (seeds pooled)</h2><table><tr><th>planner</th><th>seeds</th><th>task runs</th><th>accuracy</th>"
@@ -196,11 +196,14 @@ def planners_table(planners: dict[str, dict]) -> str:
         "<th>valid own steps (runs with a rejected reply; most in one run)</th>"
         "<th>time window copied (calls; runs with a wrong one)</th>"
         + "".join(f"<th>{o}</th>" for o in OUTCOMES)
-        + "<th>held-out valid</th><th>held-out same tool</th><th>held-out same query</th></tr>"
+        + "<th>held-out valid</th><th>held-out same tool</th><th>held-out same query</th>"
+        "<th>held-out right program</th></tr>"
         + "".join(rows)
         + "</table><p class='muted'>held-out: greedy decisions on teacher-visited states of unseen tasks "
         "(rl.score), mean over seeds; same query: the teacher's query string exactly, on states whose teacher "
-        "call has one (it is built from the need's query_focus); '-' = not scored (teacher, or no heldout in the "
+        "call has one (it is built from the need's query_focus); right program: on states whose teacher call is a "
+        "program, the greedy decision is a program that prints the same value (rewards.execution); '-' = not scored "
+        "(teacher, or no heldout in the "
         'eval config). Time window copied: perception calls on a need whose focus names a window ("between 35 s '
         'and 50 s") that pass that window as time_range (collect.summary.window_stats). '
         "Unanswerable tasks end 'insufficient' when the budget runs out too; 'declared' counts the runs that stopped "

@@ -284,7 +284,10 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
 
         def fake_score(dataset_dir, model, split="eval", n=64, config=None, **kw):
             scored.append((dataset_dir, Path(model).name, split))
-            return {"n": 3, "valid": 1.0 if model.endswith("s0") else 0.5, "reference_tool_match": 0.25, "total": 0.4}
+            s0 = model.endswith("s0")
+            return {"n": 3, "valid": 1.0 if s0 else 0.5, "reference_tool_match": 0.25, "total": 0.4} | {
+                "compute": 0.5 if s0 else 0.25  # the greedy program right (rewards.execution), pooled over seeds
+            }
 
         monkeypatch.setattr(rl.score, "score", fake_score)
         for s in ("s0", "s1"):
@@ -317,7 +320,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
     assert sft["ci95"] == [round(x, 4) for x in wilson(k, 4)]
     assert sft["seed_accuracies"] == [c["accuracy"] for c in cells]
     assert sum(sft["outcomes"].values()) == 4
-    assert sft["heldout"] == {"valid": 0.75, "reference_tool_match": 0.25, "total": 0.4}
+    assert sft["heldout"] == {"valid": 0.75, "reference_tool_match": 0.25, "compute": 0.375, "total": 0.4}
     assert pooled["teacher__ledger__annotations"]["heldout"] is None
     assert (sft["tasks_with_rejected_reply"], sft["most_rejected_in_one_task"]) == (1, 1)
     assert sft["valid_action_rate"] == (sft["planner_calls"] - 1) / sft["planner_calls"]
@@ -338,6 +341,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
     html = (tmp_path / "out/report.html").read_text()
     assert "Planners (seeds pooled)" in html and "sft__ledger__annotations" in html and "75.0%" in html
     assert "(1 runs; max 1)" in html
+    assert "<th>held-out right program</th>" in html and "<td>37.5%</td></tr>" in html
 
     # the context plot leaves out the teacher (no token counts) instead of drawing it at 0
     assert all(
