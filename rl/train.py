@@ -1,7 +1,8 @@
 """Closure-aligned RL (paper v3 §3.4, Appendix F.3): decision-level GRPO over recorded ledger states, no rollouts.
 
-For each rl_states row the policy samples G candidate decisions for the same prompt; nothing is executed. Each
-candidate is scored by rewards.REWARD_FUNCS (valid, gate: ledger rules; target, align: one judge call), TRL
+For each rl_states row the policy samples G candidate decisions for the same prompt; no tool is called. Each
+candidate is scored by rewards.REWARD_FUNCS (valid, gate: ledger rules; target, align: one judge call; compute, only
+when the recipe weighs it: the candidate program run in the sandbox against the reference program), TRL
 normalises within the group and applies the clipped GRPO objective with a KL penalty to the post-SFT policy.
 
     python -m rl.train --config configs/rl/tiny.yaml [--dataset_dir DATA/rl_states] [--model_name_or_path MODEL]

@@ -682,3 +682,19 @@ def test_grpo_passes_its_columns_to_the_execution_check_and_weighs_it_only_when_
     assert summary["reward_weights"]["compute"] == 0.5
     assert summary["compute_check"]["runs"] >= 1  # at least the reference programs of the drawn states
     assert summary["metrics"]["rewards/compute/mean"]["mean"] == 0.0  # 32 sampled tokens never write a program
+
+
+def test_reference_tools_keeps_the_states_whose_teacher_decision_calls_them(recorded_states):
+    from datasets import Dataset
+
+    from rl.train import states_calling
+
+    ds = Dataset.from_list(recorded_states)
+    names = [json.loads(r["reference_action"])["name"] for r in recorded_states]
+    programs = states_calling(ds, "code_executor")
+    assert len(programs) == names.count("code_executor") > 0
+    both = states_calling(ds, " code_executor, finish ")
+    assert len(both) == names.count("code_executor") + names.count("finish")
+    assert {json.loads(r)["name"] for r in both["reference_action"]} == {"code_executor", "finish"}
+    with pytest.raises(ValueError, match="no state's reference decision calls them"):
+        states_calling(ds, "no_such_tool")
