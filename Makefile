@@ -94,9 +94,9 @@ eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS= PROCS= (planners at once) | ME
 bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench
 
-# make demo (goal <= 20 min on 2 cores from a fresh clone: 930 s at 6d92ad1 on 2026-12-03 19:31 UTC; the machine's
-# speed varies by the hour, the slowest hour seen took 1,255 s before the relabel's 2 processes, docs/training.md
-# "Fitting the demo"): set-up 40-85 s -> the
+# make demo (goal <= 20 min on 2 cores from a fresh clone: 1,122 s at df39fd9 on 2026-12-04 02:54 UTC, another host;
+# 930 s at 6d92ad1 on 2026-12-03 19:31 UTC; the machine's speed varies by the hour, the slowest hour seen took 1,255 s
+# before the relabel's 2 processes, docs/training.md "Fitting the demo"): set-up 40-85 s -> the
 # teacher's runs with value and window references (1,080 train tasks, ~30 s) -> state-SFT of the tiny planner (1000
 # steps, 8-11 min) -> one on-policy round (its own states on 60 train tasks, labelled by the teacher; SFT 150 steps;
 # GRPO 10 steps; ~5 min) -> the five planners on the first 36 test tasks, two at a time (~2-3 min). The full-size
