@@ -11,10 +11,11 @@ the same call with the query's first three words dropped, each scored like an RL
 `--samples K` asks whether GRPO can find the teacher's decision at all: K samples per state at the recipe's
 temperature, as in a group, and how often one of them has the teacher's query (see `group_reach`).
 
-Prints (and returns) the mean weighted total and each component (valid, gate, target, align); judged components
-skip failed judge calls (None), as in training. The judge, weights, chat-template kwargs, model dtype and decision
-length come from --config (parsed by rl.train.parse_args like training), else from the defaults there: the offline
-judge, the paper weights and TRL's GRPOConfig/ModelConfig defaults.
+Prints (and returns) the mean weighted total and each component (valid, gate, target, align, and compute: on the
+states whose reference is a program, the share whose greedy program prints the reference's value, computed whatever
+its weight); judged components skip failed judge calls (None), as in training. The judge, weights, chat-template
+kwargs, model dtype and decision length come from --config (parsed by rl.train.parse_args like training), else from
+the defaults there: the offline judge, the paper weights and TRL's GRPOConfig/ModelConfig defaults.
 """
 
 from __future__ import annotations
