@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,9 @@ class ExecutionCheck:
 
     def __post_init__(self):
         self._inflight: dict[str, asyncio.Future] = {}
-        self._sem: dict[int, asyncio.Semaphore] = {}  # one per event loop (TRL's reward loop, a test's asyncio.run)
+        # one per event loop (TRL's reward loop, each asyncio.run of rl.score), keyed by the loop itself: an id() could
+        # be reused by a later loop and hand it a semaphore bound to a closed one
+        self._sem: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def output(self, code: str) -> str | None:
         """The program's normalized stdout when it ran to completion (exit 0, no kill), else None. A sandbox that
@@ -66,7 +69,7 @@ class ExecutionCheck:
         try:
             from collect.tools.code_executor import run_code_async
 
-            sem = self._sem.setdefault(id(loop), asyncio.Semaphore(self.max_concurrency))
+            sem = self._sem.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
             async with sem:
                 self.stats["runs"] += 1
                 res = await run_code_async(code, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
