@@ -157,6 +157,8 @@ MEASURE_ONPOLICY ?= configs/onpolicy/tiny_windows.yaml
 MEASURE_HELDOUT ?= configs/collect/embedded_windows.yaml
 MEASURE_EVAL ?= configs/eval/onpolicy_windows.yaml
 # Earlier recipes, each measured in docs/training.md:
+# - the on-policy round over all 1,080 train tasks (docs/training.md "On-policy rounds on all 1,080 train tasks",
+#   2026-12-04): MEASURE_ONPOLICY=configs/onpolicy/tiny_windows_1800.yaml, ~17-19 min per seed (216 tasks: ~12-13 min).
 # - action-only, no references (the default until 2026-12-03; "make measure on the full test split", 2026-11-30,
 #   ~1 h 35 min of training with other jobs): MEASURE_COLLECT=configs/collect/embedded.yaml
 #   MEASURE_SFT=configs/sft/tiny.yaml MEASURE_ONPOLICY=configs/onpolicy/tiny.yaml
