@@ -22,6 +22,11 @@ VALUE_REF_KEYS = ("query", "code")  # the string arguments a reference may appea
 # Window references (RuntimeConfig.window_refs): "{window:K}" as the whole time_range of a call stands for the time
 # window need K names (collect.ledger.Ledger.named_windows), e.g. [35.0, 50.0] for "between 35 s and 50 s".
 WINDOW_REF_RE = re.compile(r"\{window:(\d+)\}")
+# Focus references (RuntimeConfig.focus_refs): "{focus:K}" inside a query stands for need K's query_focus (what the
+# ledger says to search for, e.g. "number of exhibition halls"); resolved in the same pass as "{need:K}", so text a
+# reference brings in is never read for references again.
+FOCUS_REF_RE = re.compile(r"\{focus:(\d+)\}")
+TEXT_REF_RE = re.compile(r"\{(need|focus):(\d+)\}")
 
 
 def _ref_text(key: str, value: str) -> str:
@@ -227,6 +232,13 @@ WINDOW_REFS_RULE = (
 )
 
 
+# With RuntimeConfig.focus_refs, this rule (after the value and window rules, when they are on).
+FOCUS_REFS_RULE = (
+    'Focus references: in a query, "{focus:K}" stands for the query_focus of need K and is replaced by it before the '
+    'tool runs; write it instead of copying the focus, e.g. "{need:0} {focus:1}".\n'
+)
+
+
 def _offers(rule: str, prompt: list[dict] | str | None) -> bool:
     rule = rule.strip()
     if isinstance(prompt, str):
@@ -247,26 +259,63 @@ def offers_window_refs(prompt: list[dict] | str | None) -> bool:
     return _offers(WINDOW_REFS_RULE, prompt)
 
 
+def offers_focus_refs(prompt: list[dict] | str | None) -> bool:
+    """Whether a planner prompt offers focus references (as offers_value_refs)."""
+    return _offers(FOCUS_REFS_RULE, prompt)
+
+
+def offered_refs(prompt: list[dict] | str | None) -> dict[str, bool]:
+    """Which references a planner prompt offers, as the keyword arguments TeacherPlanner.choose takes."""
+    return {
+        "value_refs": offers_value_refs(prompt),
+        "window_refs": offers_window_refs(prompt),
+        "focus_refs": offers_focus_refs(prompt),
+    }
+
+
 def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
     """The action with every "{need:K}" in its query replaced by `values[K]` (the filled needs' values: Ledger
     .filled_values()), and in its code by `repr(values[K])`; the same action when it has none. A reference to a need
-    with no value is the planner's malformed call: ActionError bad_arguments, naming the needs that have one. The one
-    resolver of the runtime (loop) and the `valid` reward."""
+    with no value is the planner's malformed call: ActionError bad_arguments, naming the needs that have one."""
+    return resolve_text_refs(action, values, None)
+
+
+def resolve_text_refs(action: Action, values: dict[int, str] | None, focuses: dict[int, str] | None) -> Action:
+    """The one resolver of the runtime (loop), the `valid` reward and the judge for references inside text
+    arguments. values (the prompt offers value references; None: "{need:K}" is literal text): as
+    resolve_value_refs. focuses (it offers focus references: Ledger.query_focuses(); None: literal): every
+    "{focus:K}" in the query becomes need K's query_focus (never in code); a need with no focus is a malformed call.
+    Both in one pass, so a value or focus that itself holds "{need:0}" or "{focus:1}" is not resolved again."""
+    kinds = {"need": values, "focus": focuses}
     args = action.arguments
     out = dict(args)
     for key in VALUE_REF_KEYS:
         text = args.get(key)
-        if type(text) is not str or "{need:" not in text:
+        if type(text) is not str or "{" not in text:
             continue
-        missing = sorted({int(k) for k in VALUE_REF_RE.findall(text) if int(k) not in values})
-        if missing:
-            have = ", ".join(str(k) for k in sorted(values)) or "none"
-            raise ActionError(
-                "bad_arguments",
-                f"{action.name}.{key}: {{need:{missing[0]}}} names need {missing[0]}, which has no value "
-                f"(needs with a value: {have})",
-            )
-        out[key] = VALUE_REF_RE.sub(lambda m, key=key: _ref_text(key, values[int(m.group(1))]), text)
+        refs = [(m.group(1), int(m.group(2))) for m in TEXT_REF_RE.finditer(text)]
+        refs = [(kind, k) for kind, k in refs if kinds[kind] is not None and (kind == "need" or key == "query")]
+        for kind, k in refs:
+            table = kinds[kind]
+            if k not in table:
+                have = ", ".join(str(i) for i in sorted(table)) or "none"
+                what = ("which has no value", "needs with a value")
+                if kind == "focus":
+                    what = ("which has no query focus", "needs with one")
+                raise ActionError(
+                    "bad_arguments",
+                    f"{action.name}.{key}: {{{kind}:{k}}} names need {k}, {what[0]} ({what[1]}: {have})",
+                )
+        if not refs:
+            continue
+
+        def sub(m: re.Match, key: str = key) -> str:
+            kind, k = m.group(1), int(m.group(2))
+            if kinds[kind] is None or (kind == "focus" and key != "query"):
+                return m.group(0)
+            return _ref_text(key, values[k]) if kind == "need" else focuses[k]
+
+        out[key] = TEXT_REF_RE.sub(sub, text)
     return action if out == args else Action(action.name, out)
 
 
@@ -285,6 +334,18 @@ def write_value_refs(action: Action, values: dict[int, str]) -> Action:
                 text = text.replace(lit, f"{{need:{k}}}")
         out[key] = text
     return action if out == action.arguments else Action(action.name, out)
+
+
+def write_focus_refs(action: Action, focuses: dict[int, str]) -> Action:
+    """The inverse the offline teacher uses, after write_value_refs: the query_focus of the call's need (need_index),
+    found verbatim in its query, is written "{focus:K}"; resolve_text_refs(write_focus_refs(a, f), None, f) == a. Only
+    the call's own need (a query names what that need lacks), and only a focus without braces, so it cannot overlap a
+    "{need:K}" already written."""
+    ni, text = action.arguments.get("need_index"), action.arguments.get("query")
+    focus = focuses.get(ni) if type(ni) is int else None
+    if type(text) is not str or not focus or "{" in focus or "}" in focus or focus not in text or "{focus:" in text:
+        return action
+    return Action(action.name, {**action.arguments, "query": text.replace(focus, f"{{focus:{ni}}}")})
 
 
 def resolve_window_refs(action: Action, windows: dict[int, tuple[float, float]]) -> Action:

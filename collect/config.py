@@ -156,6 +156,15 @@ class RuntimeConfig:
             "runtime"
         },
     )
+    focus_refs: bool = field(
+        default=False,
+        metadata={
+            "help": 'true: the ledger arm\'s planner prompt offers focus references, "{focus:K}" in a query stands '
+            "for need K's query_focus and the runtime substitutes it before validation and the tool "
+            "(collect.actions.resolve_text_refs; a need with no focus is a rejected reply); the offline teacher then "
+            "writes them. false = the paper's runtime"
+        },
+    )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
 
     def __post_init__(self):
@@ -178,7 +187,13 @@ class RuntimeConfig:
 
 # Runtime options added after recipes were first hashed: at their off default (0 / false) they stay out of
 # CollectConfig.hash(), so the hashes (and resumable OUTs) of recipes that do not use them are unchanged.
-OFF_BY_DEFAULT_RUNTIME_KEYS = ("rejection_temperature", "reject_futile_calls", "value_refs", "window_refs")
+OFF_BY_DEFAULT_RUNTIME_KEYS = (
+    "rejection_temperature",
+    "reject_futile_calls",
+    "value_refs",
+    "window_refs",
+    "focus_refs",
+)
 
 
 # The benchmarks' own hosting: searching them would leak gold answers.

@@ -304,6 +304,11 @@ class Ledger:
         windows = ((n.index, need_window(n.query_focus, n.need)) for n in self.needs)
         return {i: w for i, w in windows if w is not None}
 
+    def query_focuses(self) -> dict[int, str]:
+        """need index -> the need's current query_focus (a critic may have revised it), non-blank ones: what a focus
+        reference {focus:K} may name (collect.actions.resolve_text_refs)."""
+        return {n.index: str(n.query_focus) for n in self.needs if str(n.query_focus or "").strip()}
+
     def actionable_indices(self) -> list[int]:
         """Open needs whose dependencies are all terminal (filled or unfillable)."""
         return [n.index for n in self.needs if n.open and self._deps_terminal(n)]

@@ -38,7 +38,9 @@ default.
 With RuntimeConfig.value_refs (ledger arm), the planner prompt offers value references: "{need:K}" in a query stands
 for need K's filled value (in code for its Python literal) and is substituted (collect.actions.resolve_value_refs)
 before validation, the futile-call check, the tool and the critic; the step keeps the action as written and adds
-`resolved_arguments`. Off by default.
+`resolved_arguments`. Off by default. RuntimeConfig.window_refs ("{window:K}" as a time_range) and
+RuntimeConfig.focus_refs ("{focus:K}" in a query for need K's query_focus, resolved in the same pass as "{need:K}":
+collect.actions.resolve_text_refs) work the same way; both off by default.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import json
 from dataclasses import replace
 
 from collect import bounds
-from collect.actions import ActionError, parse_action, resolve_value_refs, resolve_window_refs, validate_action
+from collect.actions import ActionError, parse_action, resolve_text_refs, resolve_window_refs, validate_action
 from collect.config import RuntimeConfig
 from collect.ledger import (
     INSUFFICIENT,
@@ -165,6 +167,7 @@ async def run_task(
     resample = False  # the last planner reply was rejected (RuntimeConfig.rejection_temperature)
     value_refs = cfg.value_refs and cfg.arm == "ledger"  # only the ledger arm's planner sees the needs' values
     window_refs = cfg.window_refs and cfg.arm == "ledger"  # ... and the needs' texts
+    focus_refs = cfg.focus_refs and cfg.arm == "ledger"
     summary = ""  # memory arm
     history: list[dict] = []  # react arm
     steps: list[dict] = []
@@ -191,6 +194,7 @@ async def run_task(
             history=history,
             value_refs=value_refs,
             window_refs=window_refs,
+            focus_refs=focus_refs,
         )
         sampling = (
             {"temperature": cfg.rejection_temperature, "seed": resample_seed(r0.task_id, ledger_before.steps + 1)}
@@ -231,8 +235,9 @@ async def run_task(
             if oversized:
                 raise ActionError("oversized", f"reply of {reply_chars} characters > {lim.max_reply_chars}")
             written = action = parse_action(reply_text, reply_calls, max_depth=lim.max_json_depth)
-            if value_refs:
-                action = resolve_value_refs(action, ledger_before.filled_values())
+            if value_refs or focus_refs:
+                values, focuses = ledger_before.filled_values(), ledger_before.query_focuses()
+                action = resolve_text_refs(action, values if value_refs else None, focuses if focus_refs else None)
             if window_refs:
                 action = resolve_window_refs(action, ledger_before.named_windows())
             validate_action(action, tools)

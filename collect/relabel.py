@@ -33,8 +33,7 @@ from pathlib import Path
 from collect.actions import (
     Action,
     ActionError,
-    offers_value_refs,
-    offers_window_refs,
+    offered_refs,
     resolve_window_refs,
     validate_action,
 )
@@ -87,7 +86,7 @@ def relabel_trajectory(traj: dict, round_: int, stats: Counter, teacher=None) ->
         tools = st["planner_input"].get("tools") or []
         offered = [t.get("function", t)["name"] for t in tools]
         msgs = st["planner_input"].get("messages") or []  # the references the student's prompt offered
-        refs = {"value_refs": offers_value_refs(msgs), "window_refs": offers_window_refs(msgs)}
+        refs = offered_refs(msgs)
         ledger = ledger_from_dict(st["ledger_before"])
         action = teacher.choose(r0, ledger, offered, **refs)
         checked = resolve_window_refs(action, ledger.named_windows()) if refs["window_refs"] else action

@@ -21,7 +21,13 @@ import re
 import unicodedata
 from datetime import datetime
 
-from collect.actions import Action, offers_value_refs, offers_window_refs, write_value_refs, write_window_refs
+from collect.actions import (
+    Action,
+    offered_refs,
+    write_focus_refs,
+    write_value_refs,
+    write_window_refs,
+)
 from collect.ledger import (
     INSUFFICIENT,
     PERCEPTION_TOOLS,
@@ -373,25 +379,34 @@ class TeacherPlanner:
         seed: int | None = None,
     ) -> PlannerReply:  # deterministic: temperature / seed are ignored (it is never rejected)
         offered = [t.get("function", t)["name"] for t in tools] if tools else list(r0.tools())
-        refs = {"value_refs": offers_value_refs(messages), "window_refs": offers_window_refs(messages)}
-        action = self.choose(r0, ledger, offered, **refs)
+        action = self.choose(r0, ledger, offered, **offered_refs(messages))
         return PlannerReply(text=action.to_text(), tool_calls=[], usage=_usage())
 
     def choose(
-        self, r0: TaskContext, ledger: Ledger, offered: list[str], value_refs: bool = False, window_refs: bool = False
+        self,
+        r0: TaskContext,
+        ledger: Ledger,
+        offered: list[str],
+        value_refs: bool = False,
+        window_refs: bool = False,
+        focus_refs: bool = False,
     ) -> Action:
         """The teacher's next call. value_refs (the prompt offers them, RuntimeConfig.value_refs): the filled values
         of the target need's upstream needs are written as {need:K} in the query or code
         (collect.actions.write_value_refs). window_refs (RuntimeConfig.window_refs): a time_range that is a need's
-        window is written as {window:K} (collect.actions.write_window_refs)."""
+        window is written as {window:K} (collect.actions.write_window_refs). focus_refs (RuntimeConfig.focus_refs):
+        the target need's query_focus in the query is written as {focus:K}, after the values
+        (collect.actions.write_focus_refs)."""
         action = self._choose(r0, ledger, offered)
         if window_refs:
             action = write_window_refs(action, ledger.named_windows())
         i = action.arguments.get("need_index")
-        if not value_refs or not isinstance(i, int) or not 0 <= i < len(ledger.needs):
+        if not isinstance(i, int) or not 0 <= i < len(ledger.needs):
             return action
-        filled = ledger.filled_values()
-        return write_value_refs(action, {d: filled[d] for d in ledger.needs[i].depends_on if d in filled})
+        if value_refs:
+            filled = ledger.filled_values()
+            action = write_value_refs(action, {d: filled[d] for d in ledger.needs[i].depends_on if d in filled})
+        return write_focus_refs(action, ledger.query_focuses()) if focus_refs else action
 
     def _choose(self, r0: TaskContext, ledger: Ledger, offered: list[str]) -> Action:
         if ready(ledger):

@@ -128,7 +128,7 @@ async def compute(completions: list, **kwargs: Any) -> list[float | None]:
         if state.reference.get("name") != CODE_TOOL:
             scored.append(None)
             continue
-        action, error = check_candidate(completion, state.tools, state.values, state.windows)
+        action, error = check_candidate(completion, state.tools, state.values, state.windows, state.focuses)
         scored.append(check.score(state.reference, action, error))
     results = await asyncio.gather(*(s for s in scored if s is not None))
     it = iter(results)

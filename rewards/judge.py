@@ -33,9 +33,8 @@ from typing import Any
 from collect.actions import (
     Action,
     ActionError,
-    offers_value_refs,
-    offers_window_refs,
-    resolve_value_refs,
+    offered_refs,
+    resolve_text_refs,
     resolve_window_refs,
 )
 from collect.ledger import (
@@ -102,6 +101,7 @@ class JudgeState:
     key: str
     value_refs: bool = False  # the state's prompt offers value references: candidate and reference are resolved
     window_refs: bool = False  # ... window references, the same
+    focus_refs: bool = False  # ... focus references, the same
 
     @property
     def values(self) -> dict[int, str] | None:
@@ -113,6 +113,11 @@ class JudgeState:
         """What a window reference may name here (None: the prompt offers none)."""
         return self.ledger.named_windows() if self.window_refs else None
 
+    @property
+    def focuses(self) -> dict[int, str] | None:
+        """What a focus reference may name here (None: the prompt offers none)."""
+        return self.ledger.query_focuses() if self.focus_refs else None
+
     @classmethod
     def from_columns(cls, row: dict) -> JudgeState:
         missing = [c for c in STATE_COLUMNS if c not in row]
@@ -123,9 +128,11 @@ class JudgeState:
         ref = load_json_column(row["reference_action"], "reference_action") or {}
         tools = load_json_column(row["tools"], "tools")
         value_refs, window_refs = bool(row.get("value_refs")), bool(row.get("window_refs"))
-        if (value_refs or window_refs) and ref.get("name"):  # the teacher's references, resolved as the runtime did
-            ref = _resolved(ref, ledger, value_refs, window_refs)
+        focus_refs = bool(row.get("focus_refs"))
+        if (value_refs or window_refs or focus_refs) and ref.get("name"):  # the teacher's, resolved as the runtime did
+            ref = _resolved(ref, ledger, value_refs, window_refs, focus_refs)
         fields = [row["question"], row["gold_answer"], ledger_json, ref, tools, value_refs] + ([True] * window_refs)
+        fields += ["focus_refs"] * focus_refs  # (absent when off: the keys of existing caches stay as they were)
         blob = json.dumps(fields, sort_keys=True, ensure_ascii=False)
         digest = row.get("digest") or ""
         return cls(
@@ -139,16 +146,19 @@ class JudgeState:
             key=hashlib.sha256(blob.encode()).hexdigest()[:24],
             value_refs=value_refs,
             window_refs=window_refs,
+            focus_refs=focus_refs,
         )
 
 
-def _resolved(ref: dict, ledger: Ledger, values: bool = True, windows: bool = False) -> dict:
-    """The reference action with its value (and window) references resolved (kept as recorded if one names
+def _resolved(ref: dict, ledger: Ledger, values: bool = True, windows: bool = False, focuses: bool = False) -> dict:
+    """The reference action with its value (window, focus) references resolved (kept as recorded if one names
     nothing)."""
     try:
         action = Action(ref["name"], ref.get("arguments") or {})
-        if values:
-            action = resolve_value_refs(action, ledger.filled_values())
+        if values or focuses:
+            action = resolve_text_refs(
+                action, ledger.filled_values() if values else None, ledger.query_focuses() if focuses else None
+            )
         if windows:
             action = resolve_window_refs(action, ledger.named_windows())
         return action.to_dict()
@@ -245,9 +255,8 @@ def _states(n: int, columns: dict) -> list[JudgeState]:
     out, seen = [], {}
     for i in range(n):
         row = {c: columns[c][i] for c in (*STATE_COLUMNS, "digest") if c in columns}
-        if "prompts" in columns:  # GRPO's rendered prompts: do they offer value / window references?
-            row["value_refs"] = offers_value_refs(columns["prompts"][i])
-            row["window_refs"] = offers_window_refs(columns["prompts"][i])
+        if "prompts" in columns:  # GRPO's rendered prompts: do they offer value / window / focus references?
+            row.update(offered_refs(columns["prompts"][i]))
         k = json.dumps(row, sort_keys=True, default=str)
         if k not in seen:
             seen[k] = JudgeState.from_columns(row)
@@ -382,7 +391,7 @@ class OfflineJudge(Judge):
         return self.name + ("+time_windows" if self.time_windows else "")
 
     async def _judge(self, state: JudgeState, completion: Any, text: str) -> JudgeScore | None:
-        action, error = check_candidate(completion, state.tools, state.values, state.windows)
+        action, error = check_candidate(completion, state.tools, state.values, state.windows, state.focuses)
         return offline_scores(state, action, error, self.time_windows)
 
 
@@ -462,7 +471,7 @@ class OpenAIJudge(Judge):
         return got[0]
 
     def render(self, state: JudgeState, completion: Any, text: str) -> str:
-        action, error = check_candidate(completion, state.tools, state.values, state.windows)
+        action, error = check_candidate(completion, state.tools, state.values, state.windows, state.focuses)
         parsed = (json.dumps(action.to_dict(), ensure_ascii=False) if action is not None else "(does not parse)") + (
             f"  [invalid: {error}]" if error else ""
         )

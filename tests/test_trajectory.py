@@ -152,10 +152,12 @@ def test_runtime_options_off_keep_the_config_hash_and_on_change_it():
     assert d["runtime"].pop("reject_futile_calls") is False
     assert d["runtime"].pop("value_refs") is False
     assert d["runtime"].pop("window_refs") is False
+    assert d["runtime"].pop("focus_refs") is False
     assert default.hash() == hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
     assert CollectConfig(runtime=RuntimeConfig(rejection_temperature=0.7)).hash() != default.hash()
     assert CollectConfig(runtime=RuntimeConfig(reject_futile_calls=True)).hash() != default.hash()
     assert CollectConfig(runtime=RuntimeConfig(value_refs=True)).hash() != default.hash()
     assert CollectConfig(runtime=RuntimeConfig(window_refs=True)).hash() != default.hash()
+    assert CollectConfig(runtime=RuntimeConfig(focus_refs=True)).hash() != default.hash()
     with pytest.raises(ValueError, match="rejection_temperature must be in"):
         RuntimeConfig(rejection_temperature=-0.1)

@@ -11,7 +11,7 @@ import json
 from functools import cache
 from pathlib import Path
 
-from collect.actions import VALUE_REFS_RULE, WINDOW_REFS_RULE
+from collect.actions import FOCUS_REFS_RULE, VALUE_REFS_RULE, WINDOW_REFS_RULE
 from collect.bounds import truncate  # one truncation rule for prompts and bounded role output
 from collect.config import MAX_OBSERVATION_CHARS
 from collect.ledger import Ledger, NormalizedObservation, TaskContext, render_digest
@@ -72,6 +72,7 @@ def render_planner_messages(
     history: list[dict] | None = None,
     value_refs: bool = False,
     window_refs: bool = False,
+    focus_refs: bool = False,
 ) -> list[dict]:
     """The planner's chat input.
 
@@ -86,6 +87,8 @@ def render_planner_messages(
             system["content"] = system["content"].rstrip("\n") + "\n" + VALUE_REFS_RULE
         if window_refs:  # RuntimeConfig.window_refs: the same, after it
             system["content"] = system["content"].rstrip("\n") + "\n" + WINDOW_REFS_RULE
+        if focus_refs:  # RuntimeConfig.focus_refs: the same, after them
+            system["content"] = system["content"].rstrip("\n") + "\n" + FOCUS_REFS_RULE
         return [system, {"role": "user", "content": user}]
     if arm == "memory":
         user = f"{render_r0(r0)}\n\nSummary so far:\n{summary or '(empty)'}\n\nLatest observation:\n{obs}"

@@ -1,0 +1,196 @@
+"""Focus references (RuntimeConfig.focus_refs): "{focus:K}" in a query stands for need K's query_focus, so a planner
+names what to search for by index instead of copying the phrase (the tuned window-reference planners' remaining
+failures are second web searches with another need's phrase or a training task's: docs/training.md "Focus
+references").
+
+Checked on the resolver (one pass with value references; hostile values), on the real loop (the shipped recipe with
+the option on, the offline teacher), harvest, relabelling and the rewards, and on a scripted OpenAI-compatible planner
+over loopback, against the same runs with the option off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+
+import pytest
+
+from collect.actions import (
+    FOCUS_REFS_RULE,
+    Action,
+    ActionError,
+    offered_refs,
+    offers_focus_refs,
+    resolve_text_refs,
+    resolve_value_refs,
+    write_focus_refs,
+    write_value_refs,
+)
+from collect.config import load_config
+from collect.loop import ToolFailure
+from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
+from tests.helpers.loop_script import NEEDS, R0, answer_critic, critic, fill, needs_reply, run
+from tests.helpers.teacher_collect import ROOT, collect_refs
+
+N_TASKS = 30
+FOCUSES = {0: "name of the museum between 50 s and 65 s", 1: "number of exhibition halls", 2: "display cases"}
+VALUES = {0: "Selessmere Museum of Crafts"}
+
+
+# ---- the resolver --------------------------------------------------------------------------------------------------
+
+
+def test_a_focus_reference_becomes_the_needs_focus_in_the_same_pass_as_a_value_reference():
+    a = Action("web_search", {"query": "{need:0} {focus:1}", "need_index": 1})
+    got = resolve_text_refs(a, VALUES, FOCUSES)
+    assert got.arguments == {"query": "Selessmere Museum of Crafts number of exhibition halls", "need_index": 1}
+    # not offered: literal text, left for the tool (and the judge) to see as written
+    assert resolve_text_refs(a, VALUES, None).arguments["query"] == "Selessmere Museum of Crafts {focus:1}"
+    assert resolve_text_refs(a, None, FOCUSES).arguments["query"] == "{need:0} number of exhibition halls"
+    assert resolve_value_refs(a, VALUES) == resolve_text_refs(a, VALUES, None)
+
+
+def test_focus_references_are_query_only_and_code_keeps_the_text():
+    code = Action("code_executor", {"code": "x = '{focus:1}'\nv = {need:0}", "need_index": 3})
+    got = resolve_text_refs(code, VALUES, FOCUSES)
+    assert got.arguments["code"] == "x = '{focus:1}'\nv = 'Selessmere Museum of Crafts'"
+
+
+def test_a_value_that_holds_a_reference_is_not_resolved_again():
+    hostile = {0: "{focus:9} and {need:0}"}  # a web page can say anything; the ledger keeps what the critic read
+    a = Action("web_search", {"query": "{need:0} {focus:1}", "need_index": 1})
+    got = resolve_text_refs(a, hostile, FOCUSES)
+    assert got.arguments["query"] == "{focus:9} and {need:0} number of exhibition halls"
+
+
+@pytest.mark.parametrize("q", ["{focus:7}", "{need:0} {focus:3} x"])
+def test_a_reference_to_a_need_without_a_focus_is_a_bad_argument_naming_the_ones_with_one(q):
+    a = Action("web_search", {"query": q, "need_index": 1})
+    with pytest.raises(ActionError) as e:
+        resolve_text_refs(a, VALUES, FOCUSES)
+    assert e.value.kind == "bad_arguments" and "which has no query focus (needs with one: 0, 1, 2)" in e.value.detail
+
+
+def test_the_teacher_writes_its_target_needs_focus_after_the_values_and_it_resolves_back():
+    plain = Action("web_search", {"query": "Selessmere Museum of Crafts number of exhibition halls", "need_index": 1})
+    w = write_focus_refs(write_value_refs(plain, VALUES), FOCUSES)
+    assert w.arguments["query"] == "{need:0} {focus:1}"
+    assert resolve_text_refs(w, VALUES, FOCUSES) == plain
+    other = Action("web_search", {"query": "Selessmere Museum of Crafts display cases", "need_index": 1})
+    assert write_focus_refs(other, FOCUSES) is other  # need 2's focus, not the call's need: left as written
+    braces = Action("web_search", {"query": "a {b} c", "need_index": 0})
+    assert write_focus_refs(braces, {0: "{b}"}) is braces  # a focus with braces could overlap a reference
+
+
+def test_the_prompt_says_which_references_it_offers():
+    msgs = [{"role": "system", "content": "rules\n" + FOCUS_REFS_RULE}, {"role": "user", "content": "q"}]
+    assert offered_refs(msgs) == {"value_refs": False, "window_refs": False, "focus_refs": True}
+    assert offers_focus_refs("<|im_start|>system\nrules\n" + FOCUS_REFS_RULE.strip() + "<|im_end|>")
+    assert not offers_focus_refs([{"role": "user", "content": FOCUS_REFS_RULE}])  # only the system prompt offers
+
+
+def test_the_shipped_recipes_turn_it_on_and_the_defaults_leave_it_off():
+    on = load_config(ROOT / "configs/collect/embedded_1800_focus.yaml", {})
+    assert on.runtime.focus_refs and on.runtime.value_refs and on.runtime.window_refs
+    assert not load_config(ROOT / "configs/collect/embedded_1800_windows.yaml", {}).runtime.focus_refs
+
+
+# ---- the real loop, the offline teacher, harvest, relabelling, rewards ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("frefs")
+    on = collect_refs(d / "on", N_TASKS, window_refs=True, focus_refs=True)
+    return on, collect_refs(d / "off", N_TASKS, window_refs=True)
+
+
+def test_the_teacher_names_focuses_and_the_tools_get_the_same_queries(runs):
+    (on, on_dir), (off, _) = runs
+    assert [(r["task_id"], r["outcome"], r["answer"]) for r in on] == [
+        (r["task_id"], r["outcome"], r["answer"]) for r in off
+    ]
+    written = 0
+    for a, b in zip(on, off, strict=True):
+        for sa, sb in zip(a["steps"], b["steps"], strict=True):
+            assert offers_focus_refs(sa["planner_input"]["messages"])
+            assert not offers_focus_refs(sb["planner_input"]["messages"])
+            got = [s.get("resolved_arguments", s["action"]["arguments"]) for s in (sa, sb)]  # what the tool got
+            assert got[0] == got[1]
+            written += "{focus:" in json.dumps(sa["action"])
+    assert written >= N_TASKS  # every task searches at least once
+    from collect.harvest import harvest
+
+    stats = harvest(on_dir / "trajectories.jsonl", on_dir / "data", eval_share=0.0)
+    assert stats.get("steps_invalid_action", 0) == 0
+    rows = [json.loads(x) for x in (on_dir / "data" / "sft.train.jsonl").read_text().splitlines()]
+    decisions = [r for r in rows if r["kind"] == "decision"]
+    assert sum("{focus:" in json.dumps(r["completion"]) for r in decisions) >= N_TASKS
+    assert all(FOCUS_REFS_RULE in r["prompt"][0]["content"] for r in decisions)
+
+
+def test_relabelling_writes_focus_references_only_where_the_students_prompt_offers_them(runs):
+    from collect.relabel import relabel_trajectory
+
+    (on, _), (off, _) = runs
+    c_on, c_off = Counter(), Counter()
+    rows_on = [row for t in on for row in relabel_trajectory(t, 1, c_on)[0]]
+    rows_off = [row for t in off for row in relabel_trajectory(t, 1, c_off)[0]]
+    assert c_on["teacher_invalid"] == 0 and c_on["states"] == c_off["states"]
+    assert sum("{focus:" in json.dumps(r["completion"]) for r in rows_on) >= N_TASKS
+    assert not any("{focus:" in json.dumps(r["completion"]) for r in rows_off)
+
+
+def test_rewards_resolve_focus_references_where_the_prompt_offers_them(runs):
+    from rewards import build_judge, use_judge
+    from rewards.judge import align, target
+    from rewards.rules import valid
+
+    (on, _), _ = runs
+    st = next(s for t in on for s in t["steps"] if s["action"] and "{focus:" in json.dumps(s["action"]))
+    ref = st["action"]
+    ni = ref["arguments"]["need_index"]
+    copied = Action(ref["name"], st["resolved_arguments"]).to_text()  # the phrase copied right
+    with_ref = Action(ref["name"], ref["arguments"]).to_text()
+    dangling = Action(ref["name"], {**ref["arguments"], "query": "{focus:9}"}).to_text()
+    wrong_need = Action(ref["name"], {**ref["arguments"], "query": f"{{focus:{ni}}} {{focus:{ni}}}"}).to_text()
+    cols = {
+        "tools": [json.dumps(st["planner_input"]["tools"])] * 4,
+        "ledger": [json.dumps(st["ledger_before"])] * 4,
+        "prompts": [st["planner_input"]["messages"]] * 4,
+    }
+    assert valid([copied, with_ref, dangling, wrong_need], **cols) == [1.0, 1.0, 0.0, 1.0]
+    use_judge(build_judge({"kind": "offline"}))
+    state = {"question": ["q"] * 4, "gold_answer": ["g"] * 4, "reference_action": [json.dumps(ref)] * 4}
+    scores = asyncio.run(align([copied, with_ref, dangling, wrong_need], **cols, **state))
+    assert scores[0] == scores[1] == 1.0 and scores[2] == 0.0  # worth its phrase, resolved on both sides
+    two = {k: v[:2] for k, v in {**cols, **state}.items()}
+    assert asyncio.run(target([copied, with_ref], **two)) == [1.0, 1.0]
+
+
+# ---- a scripted planner over loopback -----------------------------------------------------------------------------
+
+
+def test_a_planners_reference_reaches_the_tool_as_the_focus_and_a_dangling_one_is_rejected():
+    with FakeChatServer() as srv:
+        srv.script("need_parser", needs_reply(NEEDS))
+        sub = tool_call("subtitle_grounding", {"asset_id": "v1", "query": "{focus:0} sign", "need_index": 0})
+        bad = tool_call("web_search", {"query": "{need:0} {focus:5}", "need_index": 1})
+        web = tool_call("web_search", {"query": "{need:0} {focus:1}", "need_index": 1})
+        srv.script("planner", sub, bad, web, tool_call("finish", {"answer": "1999"}))
+        srv.script("critic", critic(updates=[fill(0, "Acme")]), critic("SUFFICIENT", [fill(1, "1999")]))
+        srv.script("finalizer", text("1999"))
+        srv.script("answer_critic", answer_critic(True))
+        tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] ACME")
+        rec = run(srv, r0=R0, toolbox=tb, value_refs=True, focus_refs=True)
+    assert rec["outcome"] == "accepted"
+    assert tb.calls[0] == ("subtitle_grounding", {"asset_id": "v1", "query": "banner sign", "need_index": 0})
+    rejected = rec["steps"][1]
+    assert rejected["action"] is None
+    assert [e["error"] for e in rejected["events"] if e["kind"] == "model_error"] == ["bad_arguments"]
+    assert "{focus:5} names need 5, which has no query focus" in rec["steps"][2]["latest_observation"]
+    assert tb.calls[1] == ("web_search", {"query": "Acme founded", "need_index": 1})
+    good = rec["steps"][2]
+    assert good["action"]["arguments"]["query"] == "{need:0} {focus:1}"
+    assert good["resolved_arguments"]["query"] == "Acme founded"
+    assert FOCUS_REFS_RULE in rec["steps"][0]["planner_input"]["messages"][0]["content"]
