@@ -234,8 +234,9 @@ WINDOW_REFS_RULE = (
 
 # With RuntimeConfig.focus_refs, this rule (after the value and window rules, when they are on).
 FOCUS_REFS_RULE = (
-    'Focus references: in a query, "{focus:K}" stands for the query_focus of need K and is replaced by it before the '
-    'tool runs; write it instead of copying the focus, e.g. "{need:0} {focus:1}".\n'
+    'Focus references: in a query, "{focus:K}" stands for the query_focus of need K, in code for the formula after '
+    '"compute:" in it, and is replaced by it before the tool runs; write it instead of copying, e.g. "{need:0} '
+    '{focus:1}" or print(fmt({focus:3})).\n'
 )
 
 
@@ -280,28 +281,41 @@ def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
     return resolve_text_refs(action, values, None)
 
 
+def focus_formula(focus: str | None) -> str | None:
+    """The formula a computation need's query_focus names ("compute: to_num(v1) * to_num(v2)" -> "to_num(v1) *
+    to_num(v2)"), None for any other focus: what the offline teacher's program prints and what "{focus:K}" stands for
+    in code."""
+    m = re.match(r"\s*compute:\s*(.+)", focus or "")
+    return m.group(1).strip() if m else None
+
+
 def resolve_text_refs(action: Action, values: dict[int, str] | None, focuses: dict[int, str] | None) -> Action:
     """The one resolver of the runtime (loop), the `valid` reward and the judge for references inside text
     arguments. values (the prompt offers value references; None: "{need:K}" is literal text): as
     resolve_value_refs. focuses (it offers focus references: Ledger.query_focuses(); None: literal): every
-    "{focus:K}" in the query becomes need K's query_focus (never in code); a need with no focus is a malformed call.
-    Both in one pass, so a value or focus that itself holds "{need:0}" or "{focus:1}" is not resolved again."""
-    kinds = {"need": values, "focus": focuses}
+    "{focus:K}" in the query becomes need K's query_focus, in the code the formula of computation need K
+    (focus_formula); a need with no focus (in code: no formula) is a malformed call. Both in one pass, so a value or
+    focus that itself holds "{need:0}" or "{focus:1}" is not resolved again."""
     args = action.arguments
     out = dict(args)
     for key in VALUE_REF_KEYS:
         text = args.get(key)
         if type(text) is not str or "{" not in text:
             continue
+        formulas = None
+        if focuses is not None and key == "code":
+            formulas = {k: f for k, f in ((k, focus_formula(v)) for k, v in focuses.items()) if f}
+        tables = {"need": values, "focus": formulas if key == "code" else focuses}
         refs = [(m.group(1), int(m.group(2))) for m in TEXT_REF_RE.finditer(text)]
-        refs = [(kind, k) for kind, k in refs if kinds[kind] is not None and (kind == "need" or key == "query")]
+        refs = [(kind, k) for kind, k in refs if tables[kind] is not None]
         for kind, k in refs:
-            table = kinds[kind]
+            table = tables[kind]
             if k not in table:
                 have = ", ".join(str(i) for i in sorted(table)) or "none"
                 what = ("which has no value", "needs with a value")
                 if kind == "focus":
-                    what = ("which has no query focus", "needs with one")
+                    what = ("which names no formula", "needs with one") if key == "code" else what
+                    what = ("which has no query focus", "needs with one") if key == "query" else what
                 raise ActionError(
                     "bad_arguments",
                     f"{action.name}.{key}: {{{kind}:{k}}} names need {k}, {what[0]} ({what[1]}: {have})",
@@ -309,11 +323,11 @@ def resolve_text_refs(action: Action, values: dict[int, str] | None, focuses: di
         if not refs:
             continue
 
-        def sub(m: re.Match, key: str = key) -> str:
+        def sub(m: re.Match, key: str = key, tables: dict = tables) -> str:
             kind, k = m.group(1), int(m.group(2))
-            if kinds[kind] is None or (kind == "focus" and key != "query"):
+            if tables[kind] is None:
                 return m.group(0)
-            return _ref_text(key, values[k]) if kind == "need" else focuses[k]
+            return _ref_text(key, tables[kind][k]) if kind == "need" else tables[kind][k]
 
         out[key] = TEXT_REF_RE.sub(sub, text)
     return action if out == args else Action(action.name, out)
@@ -338,14 +352,18 @@ def write_value_refs(action: Action, values: dict[int, str]) -> Action:
 
 def write_focus_refs(action: Action, focuses: dict[int, str]) -> Action:
     """The inverse the offline teacher uses, after write_value_refs: the query_focus of the call's need (need_index),
-    found verbatim in its query, is written "{focus:K}"; resolve_text_refs(write_focus_refs(a, f), None, f) == a. Only
-    the call's own need (a query names what that need lacks), and only a focus without braces, so it cannot overlap a
-    "{need:K}" already written."""
-    ni, text = action.arguments.get("need_index"), action.arguments.get("query")
+    found verbatim in its query, is written "{focus:K}", and so is the formula of a computation need found in its
+    code; resolve_text_refs(write_focus_refs(a, f), None, f) == a. Only the call's own need (a query names what that
+    need lacks), and only text without braces, so it cannot overlap a "{need:K}" already written."""
+    ni = action.arguments.get("need_index")
     focus = focuses.get(ni) if type(ni) is int else None
-    if type(text) is not str or not focus or "{" in focus or "}" in focus or focus not in text or "{focus:" in text:
-        return action
-    return Action(action.name, {**action.arguments, "query": text.replace(focus, f"{{focus:{ni}}}")})
+    out = dict(action.arguments)
+    for key, part in (("query", focus), ("code", focus_formula(focus))):
+        text = out.get(key)
+        if type(text) is not str or not part or "{" in part or "}" in part or part not in text or "{focus:" in text:
+            continue
+        out[key] = text.replace(part, f"{{focus:{ni}}}")
+    return action if out == action.arguments else Action(action.name, out)
 
 
 def resolve_window_refs(action: Action, windows: dict[int, tuple[float, float]]) -> Action:

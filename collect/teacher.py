@@ -23,6 +23,7 @@ from datetime import datetime
 
 from collect.actions import (
     Action,
+    focus_formula,
     offered_refs,
     write_focus_refs,
     write_value_refs,
@@ -503,11 +504,10 @@ class TeacherPlanner:
 
     @staticmethod
     def _program(ledger: Ledger, nd) -> str:
-        m = re.match(r"\s*compute:\s*(.+)", nd.query_focus or "")
+        expr = focus_formula(nd.query_focus)
         values = {d: ledger.needs[d].value or "" for d in nd.depends_on}
-        if m is None:  # no formula given: print the upstream values so the critic can read them
+        if expr is None:  # no formula given: print the upstream values so the critic can read them
             return "\n".join(f"print({v!r})" for v in values.values()) + "\n"
-        expr = m.group(1).strip()
         return program(expr, values)
 
 

@@ -19,6 +19,7 @@ from collect.actions import (
     FOCUS_REFS_RULE,
     Action,
     ActionError,
+    focus_formula,
     offered_refs,
     offers_focus_refs,
     resolve_text_refs,
@@ -28,12 +29,18 @@ from collect.actions import (
 )
 from collect.config import load_config
 from collect.loop import ToolFailure
+from collect.world.compute import program
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
 from tests.helpers.loop_script import NEEDS, R0, answer_critic, critic, fill, needs_reply, run
 from tests.helpers.teacher_collect import ROOT, collect_refs
 
 N_TASKS = 30
-FOCUSES = {0: "name of the museum between 50 s and 65 s", 1: "number of exhibition halls", 2: "display cases"}
+FOCUSES = {
+    0: "name of the museum between 50 s and 65 s",
+    1: "number of exhibition halls",
+    2: "display cases",
+    3: "compute: to_num(v1) * to_num(v2)",
+}
 VALUES = {0: "Selessmere Museum of Crafts"}
 
 
@@ -50,10 +57,16 @@ def test_a_focus_reference_becomes_the_needs_focus_in_the_same_pass_as_a_value_r
     assert resolve_value_refs(a, VALUES) == resolve_text_refs(a, VALUES, None)
 
 
-def test_focus_references_are_query_only_and_code_keeps_the_text():
-    code = Action("code_executor", {"code": "x = '{focus:1}'\nv = {need:0}", "need_index": 3})
+def test_in_code_a_focus_reference_is_the_formula_of_a_computation_need():
+    code = Action("code_executor", {"code": "v = {need:0}\nprint(fmt({focus:3}))", "need_index": 3})
     got = resolve_text_refs(code, VALUES, FOCUSES)
-    assert got.arguments["code"] == "x = '{focus:1}'\nv = 'Selessmere Museum of Crafts'"
+    assert got.arguments["code"] == "v = 'Selessmere Museum of Crafts'\nprint(fmt(to_num(v1) * to_num(v2)))"
+    not_a_formula = Action("code_executor", {"code": "print({focus:1})", "need_index": 3})
+    with pytest.raises(ActionError) as e:
+        resolve_text_refs(not_a_formula, VALUES, FOCUSES)
+    assert "{focus:1} names need 1, which names no formula (needs with one: 3)" in e.value.detail
+    assert focus_formula(" compute:  round(to_num(v1), 2) ") == "round(to_num(v1), 2)"
+    assert focus_formula("number of exhibition halls") is None
 
 
 def test_a_value_that_holds_a_reference_is_not_resolved_again():
@@ -63,12 +76,13 @@ def test_a_value_that_holds_a_reference_is_not_resolved_again():
     assert got.arguments["query"] == "{focus:9} and {need:0} number of exhibition halls"
 
 
-@pytest.mark.parametrize("q", ["{focus:7}", "{need:0} {focus:3} x"])
+@pytest.mark.parametrize("q", ["{focus:7}", "{need:0} {focus:4} x"])
 def test_a_reference_to_a_need_without_a_focus_is_a_bad_argument_naming_the_ones_with_one(q):
     a = Action("web_search", {"query": q, "need_index": 1})
     with pytest.raises(ActionError) as e:
         resolve_text_refs(a, VALUES, FOCUSES)
-    assert e.value.kind == "bad_arguments" and "which has no query focus (needs with one: 0, 1, 2)" in e.value.detail
+    assert e.value.kind == "bad_arguments"
+    assert "which has no query focus (needs with one: 0, 1, 2, 3)" in e.value.detail
 
 
 def test_the_teacher_writes_its_target_needs_focus_after_the_values_and_it_resolves_back():
@@ -80,6 +94,11 @@ def test_the_teacher_writes_its_target_needs_focus_after_the_values_and_it_resol
     assert write_focus_refs(other, FOCUSES) is other  # need 2's focus, not the call's need: left as written
     braces = Action("web_search", {"query": "a {b} c", "need_index": 0})
     assert write_focus_refs(braces, {0: "{b}"}) is braces  # a focus with braces could overlap a reference
+    values = {1: "5", 2: "360"}
+    prog = Action("code_executor", {"code": program("to_num(v1) * to_num(v2)", values), "need_index": 3})
+    w = write_focus_refs(write_value_refs(prog, values), FOCUSES)
+    assert w.arguments["code"].endswith("v1 = {need:1}\nv2 = {need:2}\nprint(fmt({focus:3}))\n")
+    assert resolve_text_refs(w, values, FOCUSES) == prog
 
 
 def test_the_prompt_says_which_references_it_offers():
@@ -119,6 +138,8 @@ def test_the_teacher_names_focuses_and_the_tools_get_the_same_queries(runs):
             assert got[0] == got[1]
             written += "{focus:" in json.dumps(sa["action"])
     assert written >= N_TASKS  # every task searches at least once
+    programs = [s["action"] for t in on for s in t["steps"] if (s["action"] or {}).get("name") == "code_executor"]
+    assert programs and all("print(fmt({focus:" in p["arguments"]["code"] for p in programs)
     from collect.harvest import harvest
 
     stats = harvest(on_dir / "trajectories.jsonl", on_dir / "data", eval_share=0.0)
