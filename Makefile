@@ -142,7 +142,7 @@ onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate +
 
 # The long measurement (not part of `make demo`): teacher data, then per seed state-SFT -> on-policy rounds -> GRPO,
 # held-out teacher states of the test split, and the eval of every planner x seed on the full 72-task test split.
-# Default: value and window references with the copying recipe, the one that meets issue 17's accuracy goals
+# Value and window references with the copying recipe (the default until 2026-12-04; now focus references, below)
 # (docs/training.md "Where the tuned planner fails: the time window", "Window references, seed 0, and the two seeds
 # pooled": SFT 139/144, + round 137/144, + GRPO 136/144): per seed SFT ~3,300 s, one on-policy round ~1,200-1,320 s
 # (relabel 236-275 s, SFT 596-649 s, GRPO 364-386 s), eval of the four planners ~24-25 min for one seed (2026-12-03,
@@ -151,12 +151,18 @@ onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate +
 # times should be shorter and its table equal up to rounding: not re-measured end to end.
 MEASURE := runs/measure
 SEEDS ?= 0 1
-MEASURE_COLLECT ?= configs/collect/embedded_1800_windows.yaml
+MEASURE_COLLECT ?= configs/collect/embedded_1800_focus.yaml
 MEASURE_SFT ?= configs/sft/tiny_copy.yaml
-MEASURE_ONPOLICY ?= configs/onpolicy/tiny_windows.yaml
-MEASURE_HELDOUT ?= configs/collect/embedded_windows.yaml
-MEASURE_EVAL ?= configs/eval/onpolicy_windows.yaml
+MEASURE_ONPOLICY ?= configs/onpolicy/tiny_focus.yaml
+MEASURE_HELDOUT ?= configs/collect/embedded_focus.yaml
+MEASURE_EVAL ?= configs/eval/onpolicy_focus.yaml
+# The default since 2026-12-04 (docs/training.md "Focus references", 2 seeds): value, window and focus references; test
+# SFT 134, + round 143, + GRPO 141 of 144 (dev 132 / 143 / 142); per seed SFT ~2,960-3,030 s (two side by side, one
+# thread each), round ~11:45 wall with GRPO, eval of the four planners x 2 seeds ~12 min test / ~3.5 min dev.
 # Earlier recipes, each measured in docs/training.md:
+# - value + window references (the default 2026-12-03/04): MEASURE_COLLECT=configs/collect/embedded_1800_windows.yaml
+#   MEASURE_ONPOLICY=configs/onpolicy/tiny_windows.yaml MEASURE_HELDOUT=configs/collect/embedded_windows.yaml
+#   MEASURE_EVAL=configs/eval/onpolicy_windows.yaml (the figures below).
 # - the on-policy round over all 1,080 train tasks (docs/training.md "On-policy rounds on all 1,080 train tasks",
 #   2026-12-04): MEASURE_ONPOLICY=configs/onpolicy/tiny_windows_1800.yaml, ~17-19 min per seed (216 tasks: ~12-13 min).
 # - action-only, no references (the default until 2026-12-03; "make measure on the full test split", 2026-11-30,
