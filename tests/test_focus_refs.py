@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 
 import pytest
 
@@ -32,7 +31,13 @@ from collect.loop import ToolFailure
 from collect.world.compute import program
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
 from tests.helpers.loop_script import NEEDS, R0, answer_critic, critic, fill, needs_reply, run
-from tests.helpers.teacher_collect import ROOT, collect_refs
+from tests.helpers.teacher_collect import (
+    ROOT,
+    collect_refs,
+    harvested_decisions,
+    relabelled_with_and_without,
+    same_calls_with_and_without,
+)
 
 N_TASKS = 30
 FOCUSES = {
@@ -126,40 +131,18 @@ def runs(tmp_path_factory):
 
 def test_the_teacher_names_focuses_and_the_tools_get_the_same_queries(runs):
     (on, on_dir), (off, _) = runs
-    assert [(r["task_id"], r["outcome"], r["answer"]) for r in on] == [
-        (r["task_id"], r["outcome"], r["answer"]) for r in off
-    ]
-    written = 0
-    for a, b in zip(on, off, strict=True):
-        for sa, sb in zip(a["steps"], b["steps"], strict=True):
-            assert offers_focus_refs(sa["planner_input"]["messages"])
-            assert not offers_focus_refs(sb["planner_input"]["messages"])
-            got = [s.get("resolved_arguments", s["action"]["arguments"]) for s in (sa, sb)]  # what the tool got
-            assert got[0] == got[1]
-            written += "{focus:" in json.dumps(sa["action"])
+    written = same_calls_with_and_without(on, off, offers_focus_refs, "{focus:")
     assert written >= N_TASKS  # every task searches at least once
     programs = [s["action"] for t in on for s in t["steps"] if (s["action"] or {}).get("name") == "code_executor"]
     assert programs and all("print(fmt({focus:" in p["arguments"]["code"] for p in programs)
-    from collect.harvest import harvest
-
-    stats = harvest(on_dir / "trajectories.jsonl", on_dir / "data", eval_share=0.0)
-    assert stats.get("steps_invalid_action", 0) == 0
-    rows = [json.loads(x) for x in (on_dir / "data" / "sft.train.jsonl").read_text().splitlines()]
-    decisions = [r for r in rows if r["kind"] == "decision"]
+    decisions = harvested_decisions(on_dir)
     assert sum("{focus:" in json.dumps(r["completion"]) for r in decisions) >= N_TASKS
     assert all(FOCUS_REFS_RULE in r["prompt"][0]["content"] for r in decisions)
 
 
 def test_relabelling_writes_focus_references_only_where_the_students_prompt_offers_them(runs):
-    from collect.relabel import relabel_trajectory
-
     (on, _), (off, _) = runs
-    c_on, c_off = Counter(), Counter()
-    rows_on = [row for t in on for row in relabel_trajectory(t, 1, c_on)[0]]
-    rows_off = [row for t in off for row in relabel_trajectory(t, 1, c_off)[0]]
-    assert c_on["teacher_invalid"] == 0 and c_on["states"] == c_off["states"]
-    assert sum("{focus:" in json.dumps(r["completion"]) for r in rows_on) >= N_TASKS
-    assert not any("{focus:" in json.dumps(r["completion"]) for r in rows_off)
+    assert relabelled_with_and_without(on, off, "{focus:") >= N_TASKS
 
 
 def test_rewards_resolve_focus_references_where_the_prompt_offers_them(runs):

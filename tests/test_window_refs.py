@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 
 import pytest
 
@@ -27,7 +26,12 @@ from collect.loop import ToolFailure
 from collect.summary import window_stats
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
 from tests.helpers.loop_script import NEEDS_WINDOW, R0_WINDOW, answer_critic, critic, fill, needs_reply, run
-from tests.helpers.teacher_collect import collect_refs
+from tests.helpers.teacher_collect import (
+    collect_refs,
+    harvested_decisions,
+    relabelled_with_and_without,
+    same_calls_with_and_without,
+)
 
 N_TASKS = 30
 WINDOWS = {0: (35.0, 50.0), 2: (10.0, 12.5)}
@@ -83,40 +87,17 @@ def runs(tmp_path_factory):
 
 def test_the_teacher_names_windows_and_the_tools_get_them(runs):
     (on, on_dir), (off, _) = runs
-    assert [(r["task_id"], r["outcome"], r["answer"]) for r in on] == [
-        (r["task_id"], r["outcome"], r["answer"]) for r in off
-    ]
-    written = 0
-    for a, b in zip(on, off, strict=True):
-        for sa, sb in zip(a["steps"], b["steps"], strict=True):
-            assert offers_window_refs(sa["planner_input"]["messages"])
-            assert not offers_window_refs(sb["planner_input"]["messages"])
-            got = [s.get("resolved_arguments", s["action"]["arguments"]) for s in (sa, sb)]  # what the tool got
-            assert got[0] == got[1]
-            if "{window:" in json.dumps(sa["action"]):
-                written += 1
+    written = same_calls_with_and_without(on, off, offers_window_refs, "{window:")
     assert written >= 5  # the anchor searches of the windowed tasks
     assert window_stats(on) == window_stats(off) and window_stats(on)["window_match_rate"] == 1.0
-    from collect.harvest import harvest
-
-    stats = harvest(on_dir / "trajectories.jsonl", on_dir / "data", eval_share=0.0)
-    assert stats.get("steps_invalid_action", 0) == 0  # checked as the tool got it, kept as written
-    rows = [json.loads(x) for x in (on_dir / "data" / "sft.train.jsonl").read_text().splitlines()]
-    decisions = [r for r in rows if r["kind"] == "decision"]
+    decisions = harvested_decisions(on_dir)
     assert sum("{window:" in json.dumps(r["completion"]) for r in decisions) >= 5
     assert all(WINDOW_REFS_RULE in r["prompt"][0]["content"] for r in decisions)
 
 
 def test_relabelling_writes_window_references_only_where_the_students_prompt_offers_them(runs):
-    from collect.relabel import relabel_trajectory
-
     (on, _), (off, _) = runs
-    c_on, c_off = Counter(), Counter()
-    rows_on = [row for t in on for row in relabel_trajectory(t, 1, c_on)[0]]
-    rows_off = [row for t in off for row in relabel_trajectory(t, 1, c_off)[0]]
-    assert c_on["teacher_invalid"] == 0 and c_on["states"] == c_off["states"]
-    assert sum("{window:" in json.dumps(r["completion"]) for r in rows_on) >= 5
-    assert not any("{window:" in json.dumps(r["completion"]) for r in rows_off)
+    assert relabelled_with_and_without(on, off, "{window:") >= 5
 
 
 def test_rewards_resolve_window_references_where_the_prompt_offers_them(runs):
