@@ -23,9 +23,8 @@ VALUE_REF_KEYS = ("query", "code")  # the string arguments a reference may appea
 # window need K names (collect.ledger.Ledger.named_windows), e.g. [35.0, 50.0] for "between 35 s and 50 s".
 WINDOW_REF_RE = re.compile(r"\{window:(\d+)\}")
 # Focus references (RuntimeConfig.focus_refs): "{focus:K}" inside a query stands for need K's query_focus (what the
-# ledger says to search for, e.g. "number of exhibition halls"); resolved in the same pass as "{need:K}", so text a
-# reference brings in is never read for references again.
-FOCUS_REF_RE = re.compile(r"\{focus:(\d+)\}")
+# ledger says to search for, e.g. "number of exhibition halls"), inside code for a computation need's formula;
+# resolved in the same pass as "{need:K}" (one pattern for both), so text a reference brings in is never read again.
 TEXT_REF_RE = re.compile(r"\{(need|focus):(\d+)\}")
 
 
@@ -289,6 +288,27 @@ def focus_formula(focus: str | None) -> str | None:
     return m.group(1).strip() if m else None
 
 
+_MISSING = {  # what a reference to a need that is not in its table lacks, and what the error lists instead
+    "need": ("which has no value", "needs with a value"),
+    "focus in query": ("which has no query focus", "needs with one"),
+    "focus in code": ("which names no formula", "needs with one"),
+}
+
+
+def resolve_refs(
+    action: Action,
+    values: dict[int, str] | None = None,
+    windows: dict[int, tuple[float, float]] | None = None,
+    focuses: dict[int, str] | None = None,
+) -> Action:
+    """Every reference a prompt offers resolved as the runtime resolves it: value and focus references in one pass
+    (resolve_text_refs), then a window reference (resolve_window_refs); None = that kind is not offered. The one
+    order shared by the loop, the rewards and the judge."""
+    if values is not None or focuses is not None:
+        action = resolve_text_refs(action, values, focuses)
+    return resolve_window_refs(action, windows) if windows is not None else action
+
+
 def resolve_text_refs(action: Action, values: dict[int, str] | None, focuses: dict[int, str] | None) -> Action:
     """The one resolver of the runtime (loop), the `valid` reward and the judge for references inside text
     arguments. values (the prompt offers value references; None: "{need:K}" is literal text): as
@@ -312,10 +332,7 @@ def resolve_text_refs(action: Action, values: dict[int, str] | None, focuses: di
             table = tables[kind]
             if k not in table:
                 have = ", ".join(str(i) for i in sorted(table)) or "none"
-                what = ("which has no value", "needs with a value")
-                if kind == "focus":
-                    what = ("which names no formula", "needs with one") if key == "code" else what
-                    what = ("which has no query focus", "needs with one") if key == "query" else what
+                what = _MISSING[kind if kind == "need" else f"focus in {key}"]
                 raise ActionError(
                     "bad_arguments",
                     f"{action.name}.{key}: {{{kind}:{k}}} names need {k}, {what[0]} ({what[1]}: {have})",

@@ -160,9 +160,9 @@ class RuntimeConfig:
         default=False,
         metadata={
             "help": 'true: the ledger arm\'s planner prompt offers focus references, "{focus:K}" in a query stands '
-            "for need K's query_focus and the runtime substitutes it before validation and the tool "
-            "(collect.actions.resolve_text_refs; a need with no focus is a rejected reply); the offline teacher then "
-            "writes them. false = the paper's runtime"
+            "for need K's query_focus (in code for a computation need's formula) and the runtime substitutes it "
+            "before validation and the tool (collect.actions.resolve_text_refs; a need with no focus is a rejected "
+            "reply); the offline teacher then writes them. false = the paper's runtime"
         },
     )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})

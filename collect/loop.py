@@ -50,7 +50,7 @@ import json
 from dataclasses import replace
 
 from collect import bounds
-from collect.actions import ActionError, parse_action, resolve_text_refs, resolve_window_refs, validate_action
+from collect.actions import ActionError, parse_action, resolve_refs, validate_action
 from collect.config import RuntimeConfig
 from collect.ledger import (
     INSUFFICIENT,
@@ -235,11 +235,12 @@ async def run_task(
             if oversized:
                 raise ActionError("oversized", f"reply of {reply_chars} characters > {lim.max_reply_chars}")
             written = action = parse_action(reply_text, reply_calls, max_depth=lim.max_json_depth)
-            if value_refs or focus_refs:
-                values, focuses = ledger_before.filled_values(), ledger_before.query_focuses()
-                action = resolve_text_refs(action, values if value_refs else None, focuses if focus_refs else None)
-            if window_refs:
-                action = resolve_window_refs(action, ledger_before.named_windows())
+            action = resolve_refs(
+                action,
+                ledger_before.filled_values() if value_refs else None,
+                ledger_before.named_windows() if window_refs else None,
+                ledger_before.query_focuses() if focus_refs else None,
+            )
             validate_action(action, tools)
             if cfg.reject_futile_calls and cfg.arm != "react" and action.name != "finish":
                 why = futile_reason(action.name, action.arguments, r0, ledger_before)

@@ -396,8 +396,8 @@ class TeacherPlanner:
         of the target need's upstream needs are written as {need:K} in the query or code
         (collect.actions.write_value_refs). window_refs (RuntimeConfig.window_refs): a time_range that is a need's
         window is written as {window:K} (collect.actions.write_window_refs). focus_refs (RuntimeConfig.focus_refs):
-        the target need's query_focus in the query is written as {focus:K}, after the values
-        (collect.actions.write_focus_refs)."""
+        the target need's query_focus in the query (its formula in the code) is written as {focus:K}, after the
+        values (collect.actions.write_focus_refs)."""
         action = self._choose(r0, ledger, offered)
         if window_refs:
             action = write_window_refs(action, ledger.named_windows())

@@ -34,8 +34,7 @@ from collect.actions import (
     Action,
     ActionError,
     offered_refs,
-    resolve_text_refs,
-    resolve_window_refs,
+    resolve_refs,
 )
 from collect.ledger import (
     SOURCE_TOOLS,
@@ -154,14 +153,12 @@ def _resolved(ref: dict, ledger: Ledger, values: bool = True, windows: bool = Fa
     """The reference action with its value (window, focus) references resolved (kept as recorded if one names
     nothing)."""
     try:
-        action = Action(ref["name"], ref.get("arguments") or {})
-        if values or focuses:
-            action = resolve_text_refs(
-                action, ledger.filled_values() if values else None, ledger.query_focuses() if focuses else None
-            )
-        if windows:
-            action = resolve_window_refs(action, ledger.named_windows())
-        return action.to_dict()
+        return resolve_refs(
+            Action(ref["name"], ref.get("arguments") or {}),
+            ledger.filled_values() if values else None,
+            ledger.named_windows() if windows else None,
+            ledger.query_focuses() if focuses else None,
+        ).to_dict()
     except ActionError:
         return ref
 

@@ -18,8 +18,7 @@ from collect.actions import (
     ActionError,
     offered_refs,
     parse_action,
-    resolve_text_refs,
-    resolve_window_refs,
+    resolve_refs,
     validate_action,
 )
 from collect.ledger import Ledger, ledger_from_dict, ready
@@ -73,16 +72,13 @@ def check_candidate(
     values (the state's prompt offers value references: Ledger.filled_values()): "{need:K}" references are resolved
     first, as the runtime does, and the resolved action is returned; a reference to a need with no value is invalid.
     windows (it offers window references: Ledger.named_windows()): the same for a "{window:K}" time_range. focuses
-    (it offers focus references: Ledger.query_focuses()): the same for "{focus:K}" in a query."""
+    (it offers focus references: Ledger.query_focuses()): the same for "{focus:K}" in a query or code."""
     try:
         action = parse_action(completion_text(completion), completion_tool_calls(completion))
     except ActionError as e:
         return None, e.kind
     try:
-        if values is not None or focuses is not None:
-            action = resolve_text_refs(action, values, focuses)
-        if windows is not None:
-            action = resolve_window_refs(action, windows)
+        action = resolve_refs(action, values, windows, focuses)
         validate_action(action, tools)
     except ActionError as e:
         return action, e.kind
