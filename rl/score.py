@@ -3,6 +3,7 @@
     python -m rl.score --dataset_dir DATA/rl_states --model M [--split eval] [--n 64] [--config configs/rl/X.yaml]
     python -m rl.score --dataset_dir DATA/rl_states --sensitivity [--split train] [--n 300]   # no model: the reward
     python -m rl.score --dataset_dir DATA/rl_states --model M --samples K [--split train]   # what a GRPO group sees
+    python -m rl.score ... --reference_tools code_executor   # only the states whose teacher decision is a program
 
 `--sensitivity` asks whether the reward can tell a right decision from a near miss at all (no policy involved): the
 recorded (teacher) action of each state with a query argument, the same call with the query of another state, and
@@ -100,14 +101,25 @@ def _decode(policy, tok, texts: list[str], max_new: int, batch_size: int, k: int
     return completions
 
 
-def select_states(ds, n: int, scored: str | None = None, which: str = "in", shuffle: int | None = None):
-    """The states to score: with `scored` (an rl.train output directory), only the states its GRPO run drew a group
-    for (`which="in"`) or only the others (`"out"`), matched by rl.train.STATE_KEY; with `shuffle` (a seed), n
-    drawn at random instead of the first n (a pool lists the teacher's states before the student's)."""
-    from rl.train import STATE_KEY, scored_state_files
+def select_states(
+    ds,
+    n: int,
+    scored: str | None = None,
+    which: str = "in",
+    shuffle: int | None = None,
+    reference_tools: str | None = None,
+):
+    """The states to score: with `reference_tools` (comma-separated tool names), only the states whose reference
+    decision calls one of them (rl.train.states_calling, as GRPO's `reference_tools`: e.g. the program states); with
+    `scored` (an rl.train output directory), only the states its GRPO run drew a group for (`which="in"`) or only the
+    others (`"out"`), matched by rl.train.STATE_KEY; with `shuffle` (a seed), n drawn at random instead of the first n
+    (a pool lists the teacher's states before the student's)."""
+    from rl.train import STATE_KEY, scored_state_files, states_calling
 
     if which not in ("in", "out"):
         raise ValueError(f"which must be 'in' or 'out', got {which!r}")
+    if reference_tools:
+        ds = states_calling(ds, reference_tools)
     if scored:
         lines = [json.loads(x) for f in scored_state_files(scored) for x in f.read_text().splitlines() if x.strip()]
         keys = {tuple(str(x[k]) for k in STATE_KEY) for x in lines}
@@ -134,13 +146,14 @@ def _policy_and_states(
     scored: str | None = None,
     which: str = "in",
     shuffle: int | None = None,
+    reference_tools: str | None = None,
 ):
     from rewards import build_judge, use_judge
     from rl.train import load_config, load_policy, render_prompts
 
     # without --config: TRL's defaults (GRPOConfig, ModelConfig), the offline judge and the paper weights
     script, training, model_args = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": model})
-    ds = select_states(_load_split(dataset_dir, split), n, scored, which, shuffle)
+    ds = select_states(_load_split(dataset_dir, split), n, scored, which, shuffle, reference_tools)
     policy, tok, _, _ = load_policy(model_args)
     policy.eval()
     texts = render_prompts(ds, tok, training.chat_template_kwargs)["prompt"]
@@ -159,10 +172,13 @@ def score(
     scored: str | None = None,
     which: str = "in",
     shuffle: int | None = None,
+    reference_tools: str | None = None,
 ) -> dict:
     """Greedy-decode one decision for each of the first n states of `split` (select_states: optionally only those a
     GRPO run scored, or only the others, or n at random) and average every reward component."""
-    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config, scored, which, shuffle)
+    ds, training, policy, tok, texts = _policy_and_states(
+        dataset_dir, model, split, n, config, scored, which, shuffle, reference_tools
+    )
     completions = _decode(policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size)
     comps, means = _rewards(completions, ds, training, texts)
     matches = reference_matches(completions, ds["reference_action"])
@@ -171,6 +187,7 @@ def score(
         "split": split,
         **({"scored": scored, "which": which} if scored else {}),
         **({"shuffle": shuffle} if shuffle is not None else {}),
+        **({"reference_tools": reference_tools} if reference_tools else {}),
         "n": len(completions),
         **means,
         "judge_skipped": sum(v is None for v in comps["target"]),
@@ -192,6 +209,7 @@ def group_reach(
     scored: str | None = None,
     which: str = "in",
     shuffle: int | None = None,
+    reference_tools: str | None = None,
 ) -> dict:
     """What a GRPO group sees: k samples per state at the recipe's temperature, rewarded like RL. Reports how often
     the group holds the recorded (teacher) query / call at all (`any_query_match`: the states GRPO can pull towards
@@ -208,7 +226,9 @@ def group_reach(
 
     if k < 2:
         raise ValueError(f"group_reach needs k >= 2 samples per state, got {k}")
-    ds, training, policy, tok, texts = _policy_and_states(dataset_dir, model, split, n, config, scored, which, shuffle)
+    ds, training, policy, tok, texts = _policy_and_states(
+        dataset_dir, model, split, n, config, scored, which, shuffle, reference_tools
+    )
     torch.manual_seed(seed)
     completions = _decode(
         policy, tok, texts, max_new_tokens or training.max_completion_length, batch_size, k, training.temperature
@@ -231,6 +251,7 @@ def group_reach(
         "model": model,
         "split": split,
         "n": len(ds),
+        **({"reference_tools": reference_tools} if reference_tools else {}),
         "k": k,
         "temperature": training.temperature,
         **{f"sample_{key}": v for key, v in means.items()},
@@ -333,10 +354,17 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--which", choices=("in", "out"), default="in", help="with --scored: those states, or the others")
     ap.add_argument("--shuffle", type=int, metavar="SEED", help="n states drawn at random (seeded), not the first n")
+    ap.add_argument(
+        "--reference_tools",
+        metavar="TOOLS",
+        help="only the states whose reference decision calls one of these tools (comma-separated; e.g. code_executor:"
+        " the program states, as rl.train's reference_tools)",
+    )
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sel = {"scored": a.scored, "which": a.which, "shuffle": a.shuffle}  # which states a policy is scored on
+    # which states a policy is scored on
+    sel = {"scored": a.scored, "which": a.which, "shuffle": a.shuffle, "reference_tools": a.reference_tools}
     if a.sensitivity:
         res = reward_sensitivity(a.dataset_dir, a.split, a.n, a.config)
     elif not a.model:

@@ -400,6 +400,28 @@ def test_score_splits_the_states_a_grpo_run_scored_from_the_others(sft_policy, t
     inside = main(args + ["--scored", str(tmp_path)])
     outside = main(args + ["--scored", str(tmp_path), "--which", "out"])
     assert inside["n"] == 2 and outside["n"] == len(ev) - 2 and inside["which"] == "in"
+    # --reference_tools: only the states whose teacher decision calls that tool (here the first eval state's)
+    tools = [json.loads(r)["name"] for r in ev["reference_action"]]
+    only = main(args + ["--reference_tools", tools[0]])
+    assert only["n"] == tools.count(tools[0]) < len(ev) and only["reference_tools"] == tools[0]
+
+
+def test_select_states_keeps_the_states_whose_reference_calls_the_named_tools():
+    from datasets import Dataset
+
+    from rl.score import select_states
+
+    names = ["web_search", "code_executor", "finish", "code_executor", "audio_scout", "code_executor"]
+    ds = Dataset.from_list(
+        [{"reference_action": json.dumps({"name": t, "arguments": {}}), "x": i} for i, t in enumerate(names)]
+    )
+    assert select_states(ds, 100, reference_tools="code_executor")["x"] == [1, 3, 5]
+    assert select_states(ds, 2, reference_tools="code_executor")["x"] == [1, 3]  # n counts the kept states
+    assert select_states(ds, 100, reference_tools="finish, audio_scout")["x"] == [2, 4]
+    drawn = select_states(ds, 3, reference_tools="code_executor", shuffle=0)["x"]
+    assert sorted(drawn) == [1, 3, 5]  # drawn among the kept states only
+    with pytest.raises(ValueError, match="no state's reference decision calls them"):
+        select_states(ds, 100, reference_tools="clip_grounding")
 
 
 def test_select_states_keeps_the_scored_states_or_the_others_matched_by_their_keys(tmp_path):
