@@ -95,7 +95,8 @@ bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench
 
 # make demo (goal <= 20 min on 2 cores from a fresh clone: 1,122 s at df39fd9 on 2026-12-04 02:54 UTC, another host;
-# 1,688 s at 5a18ba3 on 2026-12-05 21:27 UTC on a host whose SFT steps are 1.63x slower, over the goal;
+# 1,688 s at 5a18ba3 on 2026-12-05 21:27 UTC and 1,624 s at 82e2302 on 2026-12-06 08:56 UTC on a host whose SFT steps
+# are 1.63x slower, over the goal;
 # 930 s at 6d92ad1 on 2026-12-03 19:31 UTC; the machine's speed varies by the hour, the slowest hour seen took 1,255 s
 # before the relabel's 2 processes, docs/training.md "Fitting the demo"): set-up 40-85 s -> the
 # teacher's runs with value and window references (1,080 train tasks, ~30 s) -> state-SFT of the tiny planner (1000
