@@ -14,14 +14,17 @@ Reads top to bottom:
      with the base checkpoint's module names in OUT/vllm_adapter (what vLLM and PEFT-on-the-original-class apply),
      then a standalone merged checkpoint in OUT/merged (merge_and_unload) written in the base checkpoint's own key
      layout and config (see `to_base_layout`); for a full fine-tune OUT/merged is the trained model, same layout rule;
-  7. write OUT/train_summary.json (steps, train time, losses, the one final eval, where LoRA landed).
+  7. write OUT/train_summary.json (steps, train time, losses, the one final eval, where LoRA landed, and digests of
+     the inputs with the host, `run_fingerprints`, for comparing runs across machines).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
 import time
 
@@ -138,7 +141,7 @@ def load_sft_dataset(script_args: SFTScriptArguments, seed: int = 0) -> DatasetD
         raise FileNotFoundError(f"dataset_dir {script_args.dataset_dir!r} does not exist: run collect.harvest first")
     ds = load_from_disk(script_args.dataset_dir)
     kinds = {k.strip() for k in script_args.kinds.split(",") if k.strip()}
-    out = {}
+    out, digests = {}, {}
     for split, cap in (("train", script_args.max_train_samples), ("eval", script_args.max_eval_samples)):
         if split not in ds or len(ds[split]) == 0:
             continue
@@ -162,9 +165,66 @@ def load_sft_dataset(script_args: SFTScriptArguments, seed: int = 0) -> DatasetD
             rows = [{**r, "chat_template_kwargs": kwargs} for r in rows]  # TRL reads it per row
             features["chat_template_kwargs"] = message_features().feature
         out[split] = Dataset.from_list(rows, features=Features(features))
+        digests[split] = rows_sha256(rows)
     if not out.get("train") or len(out["train"]) == 0:
         raise ValueError(f"{script_args.dataset_dir}: no train rows of kinds {sorted(kinds)}")
-    return DatasetDict(out)
+    result = DatasetDict(out)
+    result.rows_sha256 = digests  # what the trainer reads, for train_summary.json's "inputs"
+    return result
+
+
+def rows_sha256(rows: list[dict]) -> str:
+    """sha256 of rows as canonical JSON (sorted keys): the same rows give the same digest on any host."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def file_sha256(path: str | Path) -> str | None:
+    p = Path(path)
+    if not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with p.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+HASHED_WEIGHTS_MAX_BYTES = 256 << 20  # a real checkpoint's weights are not read twice just to hash them
+
+
+def run_fingerprints(model_path: str | Path, dataset: DatasetDict) -> dict:
+    """Digests of what a run starts from and where it ran, so two hosts' runs can be compared input by input:
+    the training rows, the base's tokenizer and (for a small base such as the tiny one) its weights, the CPU and
+    torch's kernels. A run that differs with equal digests differs in the arithmetic, not in its inputs."""
+    p = Path(model_path)
+    weights = sorted(p.glob("*.safetensors"))
+    small = weights and sum(w.stat().st_size for w in weights) <= HASHED_WEIGHTS_MAX_BYTES
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in (Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else [])
+            if line.startswith("model name")
+        ),
+        platform.processor() or platform.machine(),
+    )
+    return {
+        "inputs": {
+            "train_rows_sha256": getattr(dataset, "rows_sha256", {}).get("train"),
+            "eval_rows_sha256": getattr(dataset, "rows_sha256", {}).get("eval"),
+            "tokenizer_sha256": file_sha256(p / "tokenizer.json"),
+            "base_weights_sha256": {w.name: file_sha256(w) for w in weights} if small else None,
+        },
+        "host": {
+            "cpu": cpu,
+            "torch": torch.__version__,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(),
+        },
+    }
 
 
 ADAPTER_PREFIX = "base_model.model."
@@ -420,6 +480,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "dtype": str(dtype).replace("torch.", ""),
         "merged": str(merged_dir) if (script_args.merge or not model_args.use_peft) else None,
         "script_args": asdict(script_args),
+        **run_fingerprints(model_path, dataset),  # "inputs" and "host"
     }
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

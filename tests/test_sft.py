@@ -1,6 +1,7 @@
 """sft.train: TRL SFT of the tiny planner (full fine-tune and LoRA), labels, merge, recipes."""
 
 import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from trl import ModelConfig, SFTConfig
 from collect import teacher_runs
 from collect.actions import Action
 from collect.harvest import harvest
-from sft.train import SFTScriptArguments, build_trainer, main, parse_args
+from sft.train import SFTScriptArguments, build_trainer, load_sft_dataset, main, parse_args
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +131,21 @@ def test_full_finetune_loss_falls_weights_change_and_merged_checkpoint_generates
     )
     assert summary["steps"] == 16 and not summary["use_peft"]
     assert len(summary["losses"]) >= 4 and summary["last_loss"] < summary["first_loss"] - 0.5
-    assert json.loads((out / "train_summary.json").read_text())["steps"] == 16
+    written = json.loads((out / "train_summary.json").read_text())
+    assert written["steps"] == 16
+    # the run's inputs, digested so that two hosts' runs can be compared: the base's own files, the rows it trained on
+    inputs = written["inputs"]
+    assert inputs["tokenizer_sha256"] == hashlib.sha256((base / "tokenizer.json").read_bytes()).hexdigest()
+    assert inputs["base_weights_sha256"] == {
+        "model.safetensors": hashlib.sha256((base / "model.safetensors").read_bytes()).hexdigest()
+    }
+    assert written["host"]["torch"] == torch.__version__ and written["host"]["torch_threads"] >= 1
+    args = _args("configs/sft/tiny.yaml", d, base, out, "--max_train_samples", "16")[0]
+    again = load_sft_dataset(args).rows_sha256
+    assert again["train"] == inputs["train_rows_sha256"] and again["eval"] == inputs["eval_rows_sha256"]
+    fewer = load_sft_dataset(_args("configs/sft/tiny.yaml", d, base, out, "--max_train_samples", "15")[0])
+    assert fewer.rows_sha256["train"] != inputs["train_rows_sha256"]
+    assert fewer.rows_sha256["eval"] == inputs["eval_rows_sha256"]
     w0, w1 = load_file(base / "model.safetensors"), load_file(out / "merged" / "model.safetensors")
     changed = [k for k in w0 if not torch.equal(w0[k], w1[k])]
     assert any("mlp" in k for k in changed) and any("self_attn" in k for k in changed)
