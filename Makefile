@@ -94,14 +94,16 @@ eval: $(STAMP)  ## CONFIG= PLANNER= OUT= WORKERS= PROCS= (planners at once) | ME
 bench: $(STAMP)  ## figures -> bench/results.json (see README "Benchmarks")
 	$(PY) -m bench
 
-# make demo (goal <= 20 min on 2 cores from a fresh clone: 1,122 s at df39fd9 on 2026-12-04 02:54 UTC, another host;
+# make demo (goal <= 20 min on 2 cores from a fresh clone; the host varies, README "Two commands": 708 s at fa66ea1 on
+# 2026-12-06 19:48 UTC and 735 s at e7be915 at 23:10 UTC on an AVX-512 host; 1,122 s at df39fd9 on 2026-12-04
+# 02:54 UTC, another host;
 # 1,688 s at 5a18ba3 on 2026-12-05 21:27 UTC and 1,624 s at 82e2302 on 2026-12-06 08:56 UTC on a host whose SFT steps
 # are 1.63x slower, over the goal;
 # 930 s at 6d92ad1 on 2026-12-03 19:31 UTC; the machine's speed varies by the hour, the slowest hour seen took 1,255 s
 # before the relabel's 2 processes, docs/training.md "Fitting the demo"): set-up 40-85 s -> the
 # teacher's runs with value and window references (1,080 train tasks, ~30 s) -> state-SFT of the tiny planner (1000
-# steps, 8-11 min) -> one on-policy round (its own states on 60 train tasks, labelled by the teacher; SFT 150 steps;
-# GRPO 10 steps; ~5 min) -> the five planners on the first 36 test tasks, two at a time (~2-3 min). The full-size
+# steps, 7-17 min by host) -> one on-policy round (its own states on 60 train tasks, labelled by the teacher; SFT 150 steps;
+# GRPO 10 steps; 2.5-5.5 min) -> the five planners on the first 36 test tasks, two at a time (1.5-3.5 min). The full-size
 # measurement is `make measure` below.
 demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network
 	$(PY) -m collect --config configs/collect/embedded_1800_windows.yaml --out runs/demo/collect --split train --no-progress
