@@ -193,6 +193,15 @@ def file_sha256(path: str | Path) -> str | None:
     return h.hexdigest()
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
+    info = Path("/proc/cpuinfo")
+    for line in info.read_text().splitlines() if info.exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 HASHED_WEIGHTS_MAX_BYTES = 256 << 20  # a real checkpoint's weights are not read twice just to hash them
 
 
@@ -203,23 +212,16 @@ def run_fingerprints(model_path: str | Path, dataset: DatasetDict) -> dict:
     p = Path(model_path)
     weights = sorted(p.glob("*.safetensors"))
     small = weights and sum(w.stat().st_size for w in weights) <= HASHED_WEIGHTS_MAX_BYTES
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in (Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else [])
-            if line.startswith("model name")
-        ),
-        platform.processor() or platform.machine(),
-    )
+    rows = getattr(dataset, "rows_sha256", {})
     return {
         "inputs": {
-            "train_rows_sha256": getattr(dataset, "rows_sha256", {}).get("train"),
-            "eval_rows_sha256": getattr(dataset, "rows_sha256", {}).get("eval"),
+            "train_rows_sha256": rows.get("train"),
+            "eval_rows_sha256": rows.get("eval"),
             "tokenizer_sha256": file_sha256(p / "tokenizer.json"),
             "base_weights_sha256": {w.name: file_sha256(w) for w in weights} if small else None,
         },
         "host": {
-            "cpu": cpu,
+            "cpu": cpu_name(),
             "torch": torch.__version__,
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "torch_threads": torch.get_num_threads(),
