@@ -15,10 +15,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from transformers import AutoTokenizer
+
+from bench import concurrency, context, overhead, throughput, training
+from collect.harvest import harvest
+from sft.tiny import build_tiny_model
+
 
 def machine() -> dict:
-    import torch
-
     return {
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -42,37 +47,21 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
 
     if want("overhead"):
-        from bench import overhead
-
         results.append(overhead.run())
         results.append(overhead.reducer_scaling())
     if want("context") or want("training"):
-        from sft.tiny import build_tiny_model
-
         tiny = build_tiny_model(work / "tiny", seed=0)
     if want("context"):
-        from transformers import AutoTokenizer
-
-        from bench import context
-
         results.append(context.run(AutoTokenizer.from_pretrained(tiny)))
     if want("concurrency"):
-        from bench import concurrency
-
         results.extend(concurrency.run(n_tasks=args.tasks))
     if want("throughput") or want("training"):
-        from bench import throughput
-
         traj = throughput.collect_fixture(work / "collect")
-        from collect.harvest import harvest
-
         harvest(traj, work / "collect", eval_share=0.1)
     if want("throughput"):
         results.append(throughput.harvest_throughput(traj))
         results.append(throughput.reward_throughput(work / "collect" / "rl_states.train.jsonl"))
     if want("training"):
-        from bench import training
-
         results.extend(training.run(work, work / "collect"))
 
     mach = machine()

@@ -18,7 +18,7 @@ from collect.config import EndpointConfig, RuntimeConfig, usable_cores
 from collect.llm import ClientPool
 from collect.loop import run_task
 from collect.teacher import make_teacher_roles
-from collect.tools import ToolBox, ToolsConfig
+from collect.tools import ToolBox, ToolsConfig, code_executor
 from collect.world import load_world
 
 _BODY = json.dumps(
@@ -170,8 +170,6 @@ class _CountingPlanner:
 def _launcher_cpu() -> float | None:
     """CPU seconds of this process's sandbox launcher (collect/tools/sandbox_launcher.py), which forks the code
     sandboxes on the runtime's behalf: counted as runtime CPU (the sandboxes' own CPU is not)."""
-    from collect.tools import code_executor
-
     la = code_executor._launcher
     if la is None or la.owner != os.getpid():
         return None

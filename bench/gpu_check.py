@@ -44,6 +44,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sft.tiny import default_texts, save_checkpoint, train_tokenizer
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -263,8 +265,6 @@ def build_model(out: Path, dims: Dims, num_layers: int, device: str, seed: int =
     """Random Qwen3.5 text model + the tiny tokenizer, saved to `out` (bf16 on GPU, fp32 on CPU)."""
     import torch
     from transformers import Qwen3_5ForCausalLM
-
-    from sft.tiny import default_texts, save_checkpoint, train_tokenizer
 
     t0 = time.perf_counter()
     tok = train_tokenizer(default_texts(seed))

@@ -12,6 +12,8 @@ from pathlib import Path
 from collect.config import load_config
 from collect.harvest import harvest
 from collect.run import run_collection
+from rewards import REWARD_FUNCS
+from rewards.judge import OfflineJudge, use_judge
 
 
 def collect_fixture(out: Path, split: str = "train") -> Path:
@@ -39,9 +41,6 @@ def harvest_throughput(traj: Path, repeats: int = 3) -> dict:
 
 
 def reward_throughput(rl_states_jsonl: Path, n_pairs: int = 2000) -> dict:
-    from rewards import REWARD_FUNCS
-    from rewards.judge import OfflineJudge, use_judge
-
     rows = [json.loads(x) for x in open(rl_states_jsonl)]
     # candidates: each state's reference action, plus a finish and an off-target call (what GRPO samples look like)
     cols = {k: [] for k in ("tools", "ledger", "reference_action", "gold_answer", "digest", "question")}

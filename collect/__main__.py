@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from collect.config import load_config
+from collect.harvest import harvest
 from collect.run import RunDirError, run_collection, setup_logging
 
 
@@ -55,7 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         overrides["allow_missing_media"] = True
     try:
         cfg = load_config(args.config, overrides)
-        summary = run_collection(cfg, args.out, allow_mixed_config=args.allow_mixed_config, overwrite=args.overwrite)
+        harvesting = cfg.harvest.get("enabled", True) and not args.no_harvest
+        summary = run_collection(
+            cfg,
+            args.out,
+            allow_mixed_config=args.allow_mixed_config,
+            overwrite=args.overwrite,
+            for_training=harvesting,  # training rows never come from evaluation tasks: refused before any task runs
+        )
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -67,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             "rerun the same command to retry them",
             file=sys.stderr,
         )
-    if cfg.harvest.get("enabled", True) and not args.no_harvest:
-        from collect.harvest import harvest
-
+    if harvesting:
         stats = harvest(Path(args.out) / "trajectories.jsonl", args.out, eval_share=cfg.harvest.get("eval_share", 0.1))
         print(json.dumps({"harvest": stats}, indent=1, default=str))
     return 3 if summary.get("errored_tasks") else 0

@@ -4,6 +4,7 @@ Shared by the runtime loop, the `valid` reward and evaluation, so "valid action"
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import math
@@ -15,16 +16,16 @@ import jsonschema
 from collect import bounds
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-# Value references (RuntimeConfig.value_refs): "{need:K}" inside a query stands for the filled value of need K, inside
-# code for its Python literal.
-VALUE_REF_RE = re.compile(r"\{need:(\d+)\}")
-VALUE_REF_KEYS = ("query", "code")  # the string arguments a reference may appear in
-# Window references (RuntimeConfig.window_refs): "{window:K}" as the whole time_range of a call stands for the time
-# window need K names (collect.ledger.Ledger.named_windows), e.g. [35.0, 50.0] for "between 35 s and 50 s".
+# References (RuntimeConfig.references): text the planner writes instead of copying what the ledger already holds,
+# substituted by the runtime before validation and the tool. The kinds, in the order the prompt states their rules:
+#   need    "{need:K}" in a query is need K's filled value, in code its Python literal
+#   window  "{window:K}" as the whole time_range is the time window need K names (Ledger.named_windows), e.g.
+#           [35.0, 50.0] for "between 35 s and 50 s"
+#   focus   "{focus:K}" in a query is need K's query_focus (what the ledger says to search for), in code a computation
+#           need's formula; resolved in the same pass as "{need:K}", so text a reference brings in is never read again
+REFERENCE_KINDS = ("need", "window", "focus")
+VALUE_REF_KEYS = ("query", "code")  # the string arguments a need or focus reference may appear in
 WINDOW_REF_RE = re.compile(r"\{window:(\d+)\}")
-# Focus references (RuntimeConfig.focus_refs): "{focus:K}" inside a query stands for need K's query_focus (what the
-# ledger says to search for, e.g. "number of exhibition halls"), inside code for a computation need's formula;
-# resolved in the same pass as "{need:K}" (one pattern for both), so text a reference brings in is never read again.
 TEXT_REF_RE = re.compile(r"\{(need|focus):(\d+)\}")
 
 
@@ -214,70 +215,76 @@ def _check_beyond_schema(action: Action) -> None:
             raise ActionError("bad_arguments", f"{action.name}.{key}: must not be blank")
 
 
-# The ledger arm's planner prompt with RuntimeConfig.value_refs ends with this rule; a planner (the offline teacher,
-# relabelling) knows the references are offered from its prompt: offers_value_refs.
-VALUE_REFS_RULE = (
+# The ledger arm's planner prompt ends with one rule per offered kind, in REFERENCE_KINDS order; a planner (the offline
+# teacher, relabelling) and the rewards know which references a prompt offers from these lines: offered_refs.
+_NEED_RULE = (
     'Value references: in a query or code, "{need:K}" stands for the value of filled need K and is replaced by it '
     "before the tool runs (in code by the value as a Python string literal); write it instead of copying the value, "
     'e.g. "{need:0} market town" or v1 = {need:1}.\n'
 )
-
-
-# With RuntimeConfig.window_refs, this rule (after the value-reference rule, when both are on).
-WINDOW_REFS_RULE = (
+_WINDOW_RULE = (
     'Window references: a time_range may be "{window:K}", the time window that need K names (e.g. [35.0, 50.0] for '
     '"between 35 s and 50 s"), and is replaced by it before the tool runs; write it instead of copying the numbers, '
     'e.g. "time_range": "{window:0}".\n'
 )
-
-
-# With RuntimeConfig.focus_refs, this rule (after the value and window rules, when they are on).
-FOCUS_REFS_RULE = (
+_FOCUS_RULE = (
     'Focus references: in a query, "{focus:K}" stands for the query_focus of need K, in code for the formula after '
     '"compute:" in it, and is replaced by it before the tool runs; write it instead of copying, e.g. "{need:0} '
     '{focus:1}" or print(fmt({focus:3})).\n'
 )
+REFERENCE_RULES = {"need": _NEED_RULE, "window": _WINDOW_RULE, "focus": _FOCUS_RULE}
 
 
-def _offers(rule: str, prompt: list[dict] | str | None) -> bool:
-    rule = rule.strip()
+def reference_kinds(kinds, where: str = "references") -> tuple[str, ...]:
+    """`kinds` (a list of REFERENCE_KINDS names) checked and put in REFERENCE_KINDS order, each once: the order the
+    prompt states their rules in, whatever order a recipe lists them. An unknown name is a ValueError naming `where`,
+    the allowed names and the closest one."""
+    if isinstance(kinds, str) or not isinstance(kinds, list | tuple):
+        raise ValueError(f"{where}: expected a list of reference kinds (of {list(REFERENCE_KINDS)}), got {kinds!r}")
+    for k in kinds:
+        if k not in REFERENCE_KINDS:
+            near = difflib.get_close_matches(str(k), REFERENCE_KINDS, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(f"{where}: unknown reference kind {k!r}; allowed: {list(REFERENCE_KINDS)}{hint}")
+    return tuple(k for k in REFERENCE_KINDS if k in kinds)
+
+
+def offered_refs(prompt: list[dict] | str | None) -> tuple[str, ...]:
+    """The reference kinds a planner prompt offers: its messages (a recorded step's planner_input, an RL state's prompt
+    column) or the chat-template text rendered from them (what GRPO passes its reward functions). Only the system
+    message offers; a rule is matched without its line end (Qwen3.5's template trims the system content)."""
     if isinstance(prompt, str):
-        return rule in prompt
-    system = prompt[0] if prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system" else {}
-    return rule in (system.get("content") or "")
+        text = prompt
+    else:
+        system = prompt[0] if prompt and isinstance(prompt[0], dict) and prompt[0].get("role") == "system" else {}
+        text = system.get("content") or ""
+    return tuple(k for k in REFERENCE_KINDS if REFERENCE_RULES[k].strip() in text)
 
 
-def offers_value_refs(prompt: list[dict] | str | None) -> bool:
-    """Whether a planner prompt offers value references: its messages (a recorded step's planner_input, an RL state's
-    prompt column) or the chat-template text rendered from them (what GRPO passes its reward functions). The rule is
-    matched without its line end: Qwen3.5's template trims the system content."""
-    return _offers(VALUE_REFS_RULE, prompt)
+def resolve_refs(action: Action, ledger, kinds: tuple[str, ...]) -> Action:
+    """`action` with every reference of the offered `kinds` resolved against `ledger` (the state the planner saw), as
+    the runtime resolves it: need and focus references in one pass (resolve_text_refs), then a window reference
+    (resolve_window_refs). The one resolver of the loop, the rewards, the judge and relabelling; a kind not offered
+    stays literal text."""
+    if not kinds:
+        return action
+    if "need" in kinds or "focus" in kinds:
+        values = ledger.filled_values() if "need" in kinds else None
+        action = resolve_text_refs(action, values, ledger.query_focuses() if "focus" in kinds else None)
+    return resolve_window_refs(action, ledger.named_windows()) if "window" in kinds else action
 
 
-def offers_window_refs(prompt: list[dict] | str | None) -> bool:
-    """Whether a planner prompt offers window references (as offers_value_refs)."""
-    return _offers(WINDOW_REFS_RULE, prompt)
-
-
-def offers_focus_refs(prompt: list[dict] | str | None) -> bool:
-    """Whether a planner prompt offers focus references (as offers_value_refs)."""
-    return _offers(FOCUS_REFS_RULE, prompt)
-
-
-def offered_refs(prompt: list[dict] | str | None) -> dict[str, bool]:
-    """Which references a planner prompt offers, as the keyword arguments TeacherPlanner.choose takes."""
-    return {
-        "value_refs": offers_value_refs(prompt),
-        "window_refs": offers_window_refs(prompt),
-        "focus_refs": offers_focus_refs(prompt),
-    }
-
-
-def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
-    """The action with every "{need:K}" in its query replaced by `values[K]` (the filled needs' values: Ledger
-    .filled_values()), and in its code by `repr(values[K])`; the same action when it has none. A reference to a need
-    with no value is the planner's malformed call: ActionError bad_arguments, naming the needs that have one."""
-    return resolve_text_refs(action, values, None)
+def write_refs(action: Action, ledger, kinds: tuple[str, ...]) -> Action:
+    """The inverse the offline teacher uses: the action with what the ledger holds written as references of the
+    offered `kinds`: a time_range that is the call's need's window as {window:K}, the call's need's upstream values
+    as {need:K}, then its focus and formula as {focus:K}; resolve_refs(write_refs(a, L, k), L, k) == a."""
+    if "window" in kinds:
+        action = write_window_refs(action, ledger.named_windows())
+    i = action.arguments.get("need_index")
+    if "need" in kinds and type(i) is int and 0 <= i < len(ledger.needs):
+        filled = ledger.filled_values()
+        action = write_value_refs(action, {d: filled[d] for d in ledger.needs[i].depends_on if d in filled})
+    return write_focus_refs(action, ledger.query_focuses()) if "focus" in kinds else action
 
 
 def focus_formula(focus: str | None) -> str | None:
@@ -293,20 +300,6 @@ _MISSING = {  # what a reference to a need that is not in its table lacks, and w
     "focus in query": ("which has no query focus", "needs with one"),
     "focus in code": ("which names no formula", "needs with one"),
 }
-
-
-def resolve_refs(
-    action: Action,
-    values: dict[int, str] | None = None,
-    windows: dict[int, tuple[float, float]] | None = None,
-    focuses: dict[int, str] | None = None,
-) -> Action:
-    """Every reference a prompt offers resolved as the runtime resolves it: value and focus references in one pass
-    (resolve_text_refs), then a window reference (resolve_window_refs); None = that kind is not offered. The one
-    order shared by the loop, the rewards and the judge."""
-    if values is not None or focuses is not None:
-        action = resolve_text_refs(action, values, focuses)
-    return resolve_window_refs(action, windows) if windows is not None else action
 
 
 def resolve_text_refs(action: Action, values: dict[int, str] | None, focuses: dict[int, str] | None) -> Action:

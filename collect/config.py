@@ -8,6 +8,7 @@ and the chat client reads it at call time. `repr()` of every config is therefore
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import os
@@ -15,17 +16,13 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
+from collect.actions import reference_kinds
 from collect.bounds import Limits
 from collect.ledger import Budget
 from collect.world import DEFAULT_N_TASKS
-
-if TYPE_CHECKING:  # pragma: no cover
-    from collect.llm import ClientPool
-    from collect.roles.base import Roles
 
 ARMS = ("ledger", "react", "memory")
 ROLE_NAMES = ("need_parser", "planner", "critic", "finalizer", "answer_critic", "summarizer")
@@ -55,9 +52,9 @@ class EndpointConfig:
     served_from: str | None = field(
         default=None,
         metadata={
-            "help": "set by serve.eval and collect.relabel when they serve a checkpoint themselves: its fingerprint "
-            "(serve.eval.checkpoint_fingerprint), which the run's config hash uses instead of the server's per-run "
-            "port, so a rerun resumes the OUT; not for hand-written configs"
+            "help": "set by pipeline.eval and pipeline.relabel when they serve a checkpoint themselves: its "
+            "fingerprint (pipeline.planners.checkpoint_fingerprint), which the run's config hash uses instead of the "
+            "server's per-run port, so a rerun resumes the OUT; not for hand-written configs"
         },
     )
 
@@ -120,49 +117,16 @@ class RuntimeConfig:
         metadata={"help": "raw observation shown to planner/critic and stored in trajectories"},
     )
     concurrency: int = field(default=8, metadata={"help": "tasks / concurrent chat calls in flight"})
-    rejection_temperature: float = field(
-        default=0.0,
+    references: tuple[str, ...] = field(
+        default=("need", "window", "focus"),
         metadata={
-            "help": "> 0: after a rejected planner reply, the next planner calls (until one is valid) sample at this "
-            "temperature with a seed from (task, step); 0 = off, the planner's own decoding throughout (the paper: "
-            "temperature 0). A greedy planner otherwise tends to repeat the rejected call on the near-identical state"
-        },
-    )
-    reject_futile_calls: bool = field(
-        default=False,
-        metadata={
-            "help": "true: a planner tool call the ledger says cannot advance (collect.ledger.can_advance: an exact "
-            "repeat of a call that made no progress, a need that is not actionable) is a rejected reply "
-            "(futile_call), not a step spent on the tool; ledger and memory arms. false = the paper's runtime"
-        },
-    )
-    value_refs: bool = field(
-        default=False,
-        metadata={
-            "help": "true: the ledger arm's planner prompt offers value references, {need:K} in a tool call's query "
-            "stands for the filled value of need K (in its code for the value's Python literal) and the runtime "
-            "substitutes it before validation and the tool (collect.actions.resolve_value_refs; a reference to a need "
-            "with no value is a rejected reply); the offline teacher then writes them for its upstream values. "
-            "false = the paper's runtime"
-        },
-    )
-    window_refs: bool = field(
-        default=False,
-        metadata={
-            "help": "true: the ledger arm's planner prompt offers window references, a tool call's time_range "
-            '"{window:K}" stands for the time window need K names ("between 35 s and 50 s" -> [35.0, 50.0]) and '
-            "the runtime substitutes it before validation and the tool (collect.actions.resolve_window_refs; a need "
-            "that names no window is a rejected reply); the offline teacher then writes them. false = the paper's "
-            "runtime"
-        },
-    )
-    focus_refs: bool = field(
-        default=False,
-        metadata={
-            "help": 'true: the ledger arm\'s planner prompt offers focus references, "{focus:K}" in a query stands '
-            "for need K's query_focus (in code for a computation need's formula) and the runtime substitutes it "
-            "before validation and the tool (collect.actions.resolve_text_refs; a need with no focus is a rejected "
-            "reply); the offline teacher then writes them. false = the paper's runtime"
+            "help": "the references the ledger arm's planner prompt offers (collect.actions.REFERENCE_KINDS), each "
+            "substituted by the runtime before validation and the tool: need ({need:K} in a query is need K's "
+            "filled value, in code its Python literal), window (a time_range of {window:K} is the window need K "
+            "names), focus ({focus:K} in a query is need K's query_focus, in code a computation need's formula). A "
+            "reference the "
+            "ledger cannot fill is a rejected reply; the offline teacher writes every kind offered. [] = the paper's "
+            "runtime. Default: all three, chosen on the embedded dev split (docs/runtime.md)"
         },
     )
     limits: Limits = field(default_factory=Limits, metadata={"help": "size/depth bounds on role output (bounds.py)"})
@@ -177,23 +141,10 @@ class RuntimeConfig:
                 raise ValueError(f"RuntimeConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_revisions < 0:
             raise ValueError(f"RuntimeConfig.max_revisions must be >= 0, got {self.max_revisions}")
-        if not 0.0 <= self.rejection_temperature <= 2.0:
-            t = self.rejection_temperature
-            raise ValueError(f"RuntimeConfig.rejection_temperature must be in [0, 2], got {t}")
+        self.references = reference_kinds(self.references, "RuntimeConfig.references")
 
     def budget(self) -> Budget:
         return Budget(self.max_steps, self.max_revisions, self.unfillable_after)
-
-
-# Runtime options added after recipes were first hashed: at their off default (0 / false) they stay out of
-# CollectConfig.hash(), so the hashes (and resumable OUTs) of recipes that do not use them are unchanged.
-OFF_BY_DEFAULT_RUNTIME_KEYS = (
-    "rejection_temperature",
-    "reject_futile_calls",
-    "value_refs",
-    "window_refs",
-    "focus_refs",
-)
 
 
 # The benchmarks' own hosting: searching them would leak gold answers.
@@ -346,11 +297,8 @@ class CollectConfig:
         # the default world size stays out: hashes (and resumable OUTs) from before the key are unchanged
         if d["tasks"].get("n_tasks") == DEFAULT_N_TASKS:
             d["tasks"].pop("n_tasks")
-        for key in OFF_BY_DEFAULT_RUNTIME_KEYS:  # likewise runtime options at their off default
-            if not d["runtime"].get(key):
-                d["runtime"].pop(key, None)
         for ep in (d.get("endpoints") or {}).values():
-            # a checkpoint served for this run only (serve.eval, collect.relabel) listens on a fresh port each run:
+            # a checkpoint served for this run only (pipeline.eval, pipeline.relabel) listens on a fresh port each run:
             # what the trajectories mean is the checkpoint, so its fingerprint stands in for the URL
             served = ep.pop("served_from", None) if isinstance(ep, dict) else None
             if served is not None:
@@ -392,6 +340,10 @@ def _coerce(value, hint, where: str):
         if not isinstance(value, list | tuple) or not all(isinstance(x, str) for x in value):
             raise ConfigError(f"{where}: expected a list of strings, got {_describe(value)}")
         return tuple(value)
+    if hint is list or origin is list:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {_describe(value)}")
+        return list(value)
     if hint is dict or origin is dict:
         if value is None:
             return {}
@@ -403,8 +355,8 @@ def _coerce(value, hint, where: str):
 
 
 def from_mapping(cls, raw, where: str):
-    """Build dataclass `cls` from a YAML mapping: unknown keys, wrong types and out-of-range values are ConfigErrors
-    that name the field (`where.key`)."""
+    """Build dataclass `cls` from a YAML mapping: unknown keys (with the closest known one), missing required keys,
+    wrong types and out-of-range values are ConfigErrors that name the field (`where.key`)."""
     if raw is None:
         raw = {}
     if isinstance(raw, cls):
@@ -413,16 +365,43 @@ def from_mapping(cls, raw, where: str):
         raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {_describe(raw)}")
     hints = typing.get_type_hints(cls)
     known = [f.name for f in fields(cls) if f.init]
-    unknown = sorted(str(k) for k in raw if k not in known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; expected some of {known}")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in raw.items()}
+    prefix = f"{where}." if where else ""
+    for k in raw:
+        if k not in known:
+            near = difflib.get_close_matches(str(k), known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(f"{prefix}{k}: unknown key; expected one of {known}{hint}")
+    required = [
+        f.name
+        for f in fields(cls)
+        if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [k for k in required if k not in raw]
+    if missing:
+        raise ConfigError(f"{where or cls.__name__}: missing required key(s) {missing}")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}") for k, v in raw.items()}
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
+
+
+def load_recipe(cls, path: str | os.PathLike, overrides: dict | None = None, what: str = "recipe"):
+    """The one loader of the YAML recipes that are not trainer configs (runtime/collect, eval, on-policy, serve):
+    dataclass `cls` built from the file's mapping plus `overrides` (None values ignored). Every problem has one error
+    style: a ConfigError naming the file, then the field, then what was expected (the allowed values, the closest
+    known key). A missing file is a FileNotFoundError naming `what`."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} not found: {p}")
+    raw = read_yaml_mapping(p)
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return from_mapping(cls, raw, "")
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
 
 
 def parse_shard(spec: str) -> tuple[int, int]:
@@ -460,45 +439,10 @@ def read_yaml_mapping(p: Path) -> dict:
 
 
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> CollectConfig:
-    """Read a YAML recipe. Every problem (a missing file, YAML syntax, text that is not UTF-8, a key that does not
-    exist, a value of the wrong type or out of range) is a ConfigError naming the file and the field."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"config file not found: {p}")
-    raw = read_yaml_mapping(p)
-    for k, v in (overrides or {}).items():
-        if v is not None:
-            raw[k] = v
+    """Read a collect recipe (load_recipe); its `tools` block is checked against ToolsConfig here too."""
+    cfg = load_recipe(CollectConfig, path, overrides, "config file")
     try:
-        cfg = from_mapping(CollectConfig, raw, "")
         from_mapping(ToolsConfig, cfg.tools, "tools")  # validated here; the engine builds it again per run
     except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        raise ConfigError(f"{path}: {e}") from None
     return cfg
-
-
-def build_roles(task, roles_cfg: RolesConfig, endpoints: dict[str, EndpointConfig], client_pool: ClientPool) -> Roles:
-    """Roles for one task: each role is the offline teacher's or an OpenAI-compatible one, as configured.
-
-    The teacher (collect.teacher.make_teacher_roles(task)) is imported only when some role is offline, so endpoint-only
-    runs do not depend on it."""
-    from collect.roles.base import Roles
-    from collect.roles.openai_roles import make_openai_role
-
-    roles_cfg.check_endpoints(endpoints)
-    chosen = roles_cfg.as_dict()
-    teacher = None
-    if OFFLINE in chosen.values():
-        from collect.teacher import make_teacher_roles  # written by another stage; imported lazily on purpose
-
-        teacher = make_teacher_roles(task)
-    built: dict = {}
-    models: dict[str, str] = {}
-    for role, backend in chosen.items():
-        if backend == OFFLINE:
-            built[role] = getattr(teacher, role)
-            models[role] = (teacher.models or {}).get(role, OFFLINE)
-        else:
-            built[role] = make_openai_role(role, client_pool.client(backend))
-            models[role] = endpoints[backend].model
-    return Roles(**built, models=models)

@@ -10,7 +10,9 @@ Rules (why): only judged-correct trajectories (`"correct": true`) teach the plan
 what the planner saw at collection time; tool calls carry `arguments` as a mapping, the form every real chat template
 renders (Qwen3.5 iterates `arguments|items`), stored in Arrow as JSON (`message_features`); only steps
 whose recorded action is non-null and valid against that step's tool schemas become rows; train/eval are split by a
-hash of the task id so no task is in both.
+hash of the task id so no task is in both. A trajectory of an evaluation-split task (the task's own split is dev or
+test: the embedded world's, OmniGAIA's and WorldSense's declared splits, a task file's `split`) is refused unless
+--allow-eval-tasks (held-out states for scoring, never for training).
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ from pathlib import Path
 from collect.actions import Action, ActionError, validate_action
 from collect.ledger import Budget, TaskContext, digest, ledger_from_dict
 from collect.trajectory import iter_trajectories
+
+EVAL_SPLITS = ("dev", "test")  # a task of these splits is never a training row (harvest, relabel)
+
+
+class EvalTaskError(ValueError):
+    """Training rows were asked for from evaluation-split tasks."""
+
+
+def task_split(traj: dict) -> str | None:
+    """The split of a trajectory's task as the collect engine recorded it (None in records written before it did)."""
+    return (traj.get("task_meta") or {}).get("split")
 
 
 def split_of(task_id: str, eval_share: float, seed: int = 0) -> str:
@@ -201,8 +214,15 @@ def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:
     dd.save_to_disk(str(out / name))
 
 
-def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: float = 0.1, seed: int = 0) -> dict:
-    """Read trajectory JSONL, write the SFT and RL-state datasets + stats; returns the stats dict."""
+def harvest(
+    trajectories_path: str | Path,
+    out_dir: str | Path,
+    eval_share: float = 0.1,
+    seed: int = 0,
+    allow_eval_tasks: bool = False,
+) -> dict:
+    """Read trajectory JSONL, write the SFT and RL-state datasets + stats; returns the stats dict. Trajectories of
+    evaluation-split tasks are an EvalTaskError (nothing written) unless `allow_eval_tasks`."""
     if not 0.0 <= eval_share < 1.0:
         raise ValueError(f"eval_share must be in [0, 1), got {eval_share}")
     out = Path(out_dir)
@@ -216,8 +236,11 @@ def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: floa
     if not Path(trajectories_path).is_file():
         raise FileNotFoundError(f"trajectory file not found: {trajectories_path}")
     skipped: list[int] = []  # broken lines: the same policy as every reader (collect.trajectory.iter_trajectories)
+    eval_tasks: list[str] = []
     for lineno, traj in iter_trajectories(trajectories_path, skipped):
         stats["tasks_seen"] += 1
+        if task_split(traj) in EVAL_SPLITS:
+            eval_tasks.append(traj["task_id"])
         if traj.get("correct") is not True:
             stats["tasks_dropped_not_correct"] += 1
             continue
@@ -233,6 +256,12 @@ def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: floa
         rl[split] += r_rows
         rows_per_task[traj["task_id"]] = len(s_rows)
         actions.update(json.loads(r["reference_action"])["name"] for r in r_rows)
+    if eval_tasks and not allow_eval_tasks:
+        raise EvalTaskError(
+            f"{trajectories_path}: {len(eval_tasks)} trajectories are of evaluation-split tasks (e.g. "
+            f"{eval_tasks[:3]}); training rows come only from train-split tasks: collect with --split train, or pass "
+            "--allow-eval-tasks when the rows are held-out states for scoring, never for training"
+        )
     # Rows in task-id order, not in the order concurrent tasks happened to finish: the datasets (and so SFT's
     # shuffled batches) are then a deterministic function of the trajectories.
     for rows in (*sft.values(), *rl.values()):
@@ -245,6 +274,7 @@ def harvest(trajectories_path: str | Path, out_dir: str | Path, eval_share: floa
         "eval_share": eval_share,
         "seed": seed,
         "tasks_seen": stats["tasks_seen"],
+        "tasks_of_eval_splits": len(eval_tasks),  # > 0 only with allow_eval_tasks
         "lines_skipped_broken": len(skipped),
         "tasks_kept": n_kept,
         "tasks_dropped_not_correct": stats["tasks_dropped_not_correct"],
@@ -270,9 +300,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="output DATA dir (sft/, rl_states/, *.jsonl, harvest_stats.json)")
     ap.add_argument("--eval-share", type=float, default=0.1, help="share of task ids hashed into eval")
     ap.add_argument("--seed", type=int, default=0, help="salt of the task-id hash split")
+    ap.add_argument(
+        "--allow-eval-tasks",
+        action="store_true",
+        help="also harvest trajectories of dev/test tasks (held-out states for scoring; never train on them)",
+    )
     a = ap.parse_args(argv)
     try:
-        stats = harvest(a.trajectories, a.out, a.eval_share, a.seed)
+        stats = harvest(a.trajectories, a.out, a.eval_share, a.seed, allow_eval_tasks=a.allow_eval_tasks)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

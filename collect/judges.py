@@ -64,6 +64,7 @@ import string
 from dataclasses import dataclass
 
 from collect.ledger import INSUFFICIENT
+from collect.llm import ChatError
 
 MODES = ("official", "robust")
 OMNIGAIA_JUDGE_PROMPT = (
@@ -281,8 +282,6 @@ async def omnigaia_judge(
         return JudgeResult(True, "em", extracted, "", mode)
     if client is None or not model:
         return JudgeResult(False, "em_only", extracted, "exact match failed; no judge configured", mode)
-    from collect.llm import ChatError  # local: judges stay importable without the HTTP stack
-
     prompt = OMNIGAIA_JUDGE_PROMPT.format(question=question, predicted=extracted, standard=gold)
     messages = [{"role": "user", "content": prompt}]
     failures = []

@@ -38,7 +38,6 @@ MODEL_ERROR_KINDS = (
     "role_output",
     "too_deep",
     "oversized",
-    "futile_call",
 )
 
 # Tools offered per asset type (paper, Appendix I.5) and globally.
@@ -294,7 +293,7 @@ class Ledger:
 
     def filled_values(self) -> dict[int, str]:
         """need index -> value of every filled need with a non-blank value: what a value reference {need:K} may name
-        (collect.actions.resolve_value_refs) and what the teacher's queries build on."""
+        (collect.actions.resolve_text_refs) and what the teacher's queries build on."""
         filled = (n for n in self.needs if n.status == "filled" and n.value is not None)
         return {n.index: str(n.value) for n in filled if str(n.value).strip()}
 
@@ -826,20 +825,6 @@ def can_advance(tool: str, arguments: dict | None, r0: TaskContext, s: Ledger) -
     if tgt is not None:
         return isinstance(tgt, int) and tgt in targets
     return bool(targets)
-
-
-def futile_reason(tool: str, arguments: dict | None, r0: TaskContext, s: Ledger) -> str | None:
-    """Why a tool call (not finish) cannot advance the ledger, or None when it can (`can_advance`): the words of the
-    rejection note under RuntimeConfig.reject_futile_calls."""
-    if can_advance(tool, arguments, r0, s):
-        return None
-    arguments = arguments or {}
-    if call_signature(tool, canonical_args(arguments)) in s.failed_calls:
-        return "this exact call was already made and gave nothing new; change the query or pursue another need"
-    targets = sorted(open_targets(s))
-    if arguments.get("need_index") is not None and arguments.get("need_index") not in targets:
-        return f"need_index {arguments.get('need_index')!r} is not actionable now (actionable: {targets})"
-    return "the digest shows this call cannot advance any open need"
 
 
 def advancing_targets(r0: TaskContext, s: Ledger) -> list[tuple[int, str]]:

@@ -8,10 +8,12 @@ that is not one of the candidate letters) raises TaskFileError naming the file, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
+from functools import cache
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -23,6 +25,25 @@ log = logging.getLogger(__name__)
 LEVELS = ("Easy", "Medium", "Hard")
 MEDIA_TYPES = ("video", "audio", "image")
 NO_WEB_TOOLS = [t for t in ALL_TOOLS if t != "web_search"]
+# The declared train/test split of OmniGAIA's 360 tasks (shipped in the repository; docs/world.md "Train and
+# evaluation splits"): harvest writes training rows only from train-split tasks.
+OMNIGAIA_SPLITS = Path(__file__).resolve().parents[1] / "data" / "omnigaia" / "splits.json"
+WORLDSENSE_TRAIN_SHARE = 5  # one video in five (by a hash of its id) is a train video: worldsense_split
+
+
+@cache
+def omnigaia_splits(path: str | Path = OMNIGAIA_SPLITS) -> dict[str, str]:
+    """task id ("omnigaia-<id>") -> "train" | "test", from the shipped split file."""
+    data = _read_json(path)
+    return {tid: split for split in ("train", "test") for tid in data.get(split) or []}
+
+
+def worldsense_split(video_id: str) -> str:
+    """A WorldSense video's split, the same for all its questions: "train" when sha256("worldsense-split:<video id>")
+    is 0 mod WORLDSENSE_TRAIN_SHARE (about a fifth of the 1,662 videos), else "test". The paper trains on WorldSense
+    teacher runs without publishing which; this rule is deterministic and keeps a video's questions together."""
+    h = int.from_bytes(hashlib.sha256(f"worldsense-split:{video_id}".encode()).digest()[:8], "big")
+    return "train" if h % WORLDSENSE_TRAIN_SHARE == 0 else "test"
 
 
 def _read_json(path: str | Path):
@@ -47,6 +68,7 @@ def load_omnigaia(metadata_path: str | Path, media_root: str | Path | None = Non
         raise TaskFileError(f"{metadata_path}: expected a JSON list of items, got {type(data).__name__}")
     tasks: list[Task] = []
     n_missing_tasks = n_missing_files = 0
+    splits = omnigaia_splits()
     for pos, item in enumerate(data):
         if not isinstance(item, dict):
             raise TaskFileError(f"{metadata_path}: item {pos}: task id ?: field (root): expected an object")
@@ -105,7 +127,7 @@ def load_omnigaia(metadata_path: str | Path, media_root: str | Path | None = Non
                 difficulty=level,
                 category=str(item.get("category") or ""),
                 family=str(item.get("task_type") or ""),
-                split="test",
+                split=splits.get(tid, "test"),  # a task the split file does not list is never trained on
                 assets=assets,
                 source="omnigaia",
                 meta=meta,
@@ -199,7 +221,7 @@ def load_worldsense(
                     difficulty="Medium",
                     category=str(entry.get("domain") or ""),
                     family=str(t.get("task_type") or ""),
-                    split="test",
+                    split=worldsense_split(str(vid)),
                     assets=[asset],
                     allowed_tools=list(NO_WEB_TOOLS),
                     source="worldsense",

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from collect.config import parse_shard
+from collect.harvest import harvest
 from collect.summary import summarize
 from collect.trajectory import iter_trajectories
 
@@ -158,8 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("n_tasks", "accuracy", "outcomes", "merge")
     print(json.dumps({k: summary.get(k) for k in keys}, indent=1))
     if not args.no_harvest:
-        from collect.harvest import harvest
-
         cfg = json.loads((Path(args.out) / "run_config.json").read_text())["config"]
         h = cfg.get("harvest") or {}
         if h.get("enabled", True):

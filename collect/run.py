@@ -23,10 +23,12 @@ import httpx
 from tqdm import tqdm
 
 from collect import judges, loaders, tasks
-from collect.config import CollectConfig, EndpointConfig, ToolsConfig, build_roles, from_mapping, parse_shard, shard_of
+from collect.config import CollectConfig, EndpointConfig, ToolsConfig, from_mapping, parse_shard, shard_of
+from collect.harvest import EVAL_SPLITS
 from collect.ledger import INSUFFICIENT
 from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
 from collect.loop import run_task
+from collect.roles.factory import build_roles
 from collect.summary import summarize
 from collect.tasks import load_corpus, sidecar_corpus
 from collect.tools import ToolBox
@@ -122,6 +124,7 @@ def _task_meta(task, missing: list[str] | None = None) -> dict:
         "family": getattr(task, "family", None),
         "answer_type": getattr(task, "answer_type", None),
         "source": getattr(task, "source", None),
+        "split": getattr(task, "split", None),  # harvest trains only on train-split tasks (EVAL_SPLITS refused)
     }
     if missing:
         meta["missing_media"] = list(missing)  # run anyway under allow_missing_media (counted in the summary)
@@ -233,8 +236,11 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
     return finished_ids(traj) if traj.exists() else set()
 
 
-async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False) -> dict:
-
+async def run_collection_async(
+    cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False, for_training=False
+) -> dict:
+    """Run cfg's tasks into OUT (resumable). for_training: the run's trajectories become training rows (the collect
+    CLI with harvest on), so evaluation-split tasks are refused in the pre-flight."""
     out = Path(out)
     # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
     all_tasks = load_task_list(cfg)
@@ -254,6 +260,13 @@ async def run_collection_async(cfg: CollectConfig, out: Path, *, allow_mixed_con
         )
     if missing:
         log.warning("running %d task(s) with missing media (allow_missing_media): %s", len(missing), list(missing))
+    held = [t.id for t in all_tasks if t.split in EVAL_SPLITS] if for_training else []
+    if held:
+        raise ValueError(
+            f"the selection holds {len(held)} evaluation-split task(s) (e.g. {held[:3]}) and harvest is on, which "
+            'would make them training rows: collect --split train, or --no-harvest (docs/world.md "Train and '
+            'evaluation splits")'
+        )
     await check_endpoints(cfg)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer per OUT; the kernel also drops the lock if this process dies

@@ -25,9 +25,7 @@ from collect.actions import (
     Action,
     focus_formula,
     offered_refs,
-    write_focus_refs,
-    write_value_refs,
-    write_window_refs,
+    write_refs,
 )
 from collect.ledger import (
     INSUFFICIENT,
@@ -376,38 +374,15 @@ class TeacherPlanner:
         *,
         r0: TaskContext,
         ledger: Ledger,
-        temperature: float | None = None,
-        seed: int | None = None,
-    ) -> PlannerReply:  # deterministic: temperature / seed are ignored (it is never rejected)
+    ) -> PlannerReply:
         offered = [t.get("function", t)["name"] for t in tools] if tools else list(r0.tools())
-        action = self.choose(r0, ledger, offered, **offered_refs(messages))
+        action = self.choose(r0, ledger, offered, offered_refs(messages))
         return PlannerReply(text=action.to_text(), tool_calls=[], usage=_usage())
 
-    def choose(
-        self,
-        r0: TaskContext,
-        ledger: Ledger,
-        offered: list[str],
-        value_refs: bool = False,
-        window_refs: bool = False,
-        focus_refs: bool = False,
-    ) -> Action:
-        """The teacher's next call. value_refs (the prompt offers them, RuntimeConfig.value_refs): the filled values
-        of the target need's upstream needs are written as {need:K} in the query or code
-        (collect.actions.write_value_refs). window_refs (RuntimeConfig.window_refs): a time_range that is a need's
-        window is written as {window:K} (collect.actions.write_window_refs). focus_refs (RuntimeConfig.focus_refs):
-        the target need's query_focus in the query (its formula in the code) is written as {focus:K}, after the
-        values (collect.actions.write_focus_refs)."""
-        action = self._choose(r0, ledger, offered)
-        if window_refs:
-            action = write_window_refs(action, ledger.named_windows())
-        i = action.arguments.get("need_index")
-        if not isinstance(i, int) or not 0 <= i < len(ledger.needs):
-            return action
-        if value_refs:
-            filled = ledger.filled_values()
-            action = write_value_refs(action, {d: filled[d] for d in ledger.needs[i].depends_on if d in filled})
-        return write_focus_refs(action, ledger.query_focuses()) if focus_refs else action
+    def choose(self, r0: TaskContext, ledger: Ledger, offered: list[str], refs: tuple[str, ...] = ()) -> Action:
+        """The teacher's next call, with what the ledger holds written as the references of the kinds `refs` the
+        prompt offers (RuntimeConfig.references; collect.actions.write_refs)."""
+        return write_refs(self._choose(r0, ledger, offered), ledger, refs)
 
     def _choose(self, r0: TaskContext, ledger: Ledger, offered: list[str]) -> Action:
         if ready(ledger):

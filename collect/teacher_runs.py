@@ -23,6 +23,11 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from collect.config import load_config
+from collect.harvest import rows_from_trajectory
+from collect.run import load_task_list, run_collection
+from collect.trajectory import read_trajectories
+
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "collect" / "embedded.yaml"
 
 
@@ -30,11 +35,10 @@ RECIPE = Path(__file__).resolve().parents[1] / "configs" / "collect" / "embedded
 def _collect(split: str, n: int | None, max_steps: int | None) -> tuple[str, ...]:
     """JSON lines of the collect engine's trajectories, in the split's task order (the engine appends in completion
     order). max_steps overrides T of the recipe."""
-    from collect.config import load_config
-    from collect.run import load_task_list, run_collection
-    from collect.trajectory import read_trajectories
-
     cfg = load_config(RECIPE, {"split": split, "limit": n, "progress": False})
+    # the paper's runtime, no references: these runs are also the tiny tokenizer's training text (sft.tiny), which
+    # must not move when the recipe's references do
+    cfg.runtime = dataclasses.replace(cfg.runtime, references=())
     if max_steps is not None:
         cfg.runtime = dataclasses.replace(cfg.runtime, max_steps=max_steps)
     with tempfile.TemporaryDirectory(prefix="teacher-runs-") as d:
@@ -69,8 +73,6 @@ def write_trajectories(path: str | Path, records: list[dict]) -> Path:
 
 def rl_rows(records: list[dict]) -> list[dict]:
     """rl_states rows (collect.harvest's format) of the judged-correct records, in record order."""
-    from collect.harvest import rows_from_trajectory
-
     stats: Counter = Counter()
     return [row for r in records if r.get("correct") is True for row in rows_from_trajectory(r, stats)[1]]
 

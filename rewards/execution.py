@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collect.ledger import normalize_value
+from collect.tools.code_executor import run_code_async
 from rewards.judge import _states
 from rewards.rules import check_candidate
 
@@ -67,8 +68,6 @@ class ExecutionCheck:
         fut = loop.create_future()
         self._inflight[code] = fut
         try:
-            from collect.tools.code_executor import run_code_async
-
             sem = self._sem.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
             async with sem:
                 self.stats["runs"] += 1
@@ -128,7 +127,7 @@ async def compute(completions: list, **kwargs: Any) -> list[float | None]:
         if state.reference.get("name") != CODE_TOOL:
             scored.append(None)
             continue
-        action, error = check_candidate(completion, state.tools, state.values, state.windows, state.focuses)
+        action, error = check_candidate(completion, state.tools, state.ledger, state.refs)
         scored.append(check.score(state.reference, action, error))
     results = await asyncio.gather(*(s for s in scored if s is not None))
     it = iter(results)

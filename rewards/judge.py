@@ -36,15 +36,16 @@ from collect.actions import (
     offered_refs,
     resolve_refs,
 )
+from collect.config import EndpointConfig
 from collect.ledger import (
     SOURCE_TOOLS,
     Ledger,
     call_signature,
     canonical_args,
-    need_window,
     normalize_value,
     ready,
 )
+from collect.llm import ChatClient, ChatError, Usage
 from rewards.rules import check_candidate, completion_text, ledger_of, load_json_column
 
 log = logging.getLogger(__name__)
@@ -77,13 +78,6 @@ class JudgeConfig:
     temperature: float = field(default=0.0, metadata={"help": "judge sampling temperature"})
     max_tokens: int = field(default=256, metadata={"help": "judge reply budget"})
     cache_path: str | None = field(default=None, metadata={"help": "optional JSONL cache shared across runs"})
-    time_windows: bool = field(
-        default=False,
-        metadata={
-            "help": "offline judge: a media call's target and align scale with the share of the time window its need "
-            "names that its time_range covers (rewards.judge.window_coverage); false scores the query words only"
-        },
-    )
 
 
 @dataclass(frozen=True)
@@ -98,24 +92,7 @@ class JudgeState:
     reference: dict
     tools: list
     key: str
-    value_refs: bool = False  # the state's prompt offers value references: candidate and reference are resolved
-    window_refs: bool = False  # ... window references, the same
-    focus_refs: bool = False  # ... focus references, the same
-
-    @property
-    def values(self) -> dict[int, str] | None:
-        """What a value reference may name here (None: the prompt offers none, "{need:K}" is literal text)."""
-        return self.ledger.filled_values() if self.value_refs else None
-
-    @property
-    def windows(self) -> dict[int, tuple[float, float]] | None:
-        """What a window reference may name here (None: the prompt offers none)."""
-        return self.ledger.named_windows() if self.window_refs else None
-
-    @property
-    def focuses(self) -> dict[int, str] | None:
-        """What a focus reference may name here (None: the prompt offers none)."""
-        return self.ledger.query_focuses() if self.focus_refs else None
+    refs: tuple[str, ...] = ()  # the reference kinds the state's prompt offers: candidate and reference are resolved
 
     @classmethod
     def from_columns(cls, row: dict) -> JudgeState:
@@ -126,12 +103,10 @@ class JudgeState:
         ledger = ledger_of(ledger_json)
         ref = load_json_column(row["reference_action"], "reference_action") or {}
         tools = load_json_column(row["tools"], "tools")
-        value_refs, window_refs = bool(row.get("value_refs")), bool(row.get("window_refs"))
-        focus_refs = bool(row.get("focus_refs"))
-        if (value_refs or window_refs or focus_refs) and ref.get("name"):  # the teacher's, resolved as the runtime did
-            ref = _resolved(ref, ledger, value_refs, window_refs, focus_refs)
-        fields = [row["question"], row["gold_answer"], ledger_json, ref, tools, value_refs] + ([True] * window_refs)
-        fields += ["focus_refs"] * focus_refs  # (absent when off: the keys of existing caches stay as they were)
+        refs = tuple(row.get("refs") or ())
+        if refs and ref.get("name"):  # the teacher's, resolved as the runtime did
+            ref = _resolved(ref, ledger, refs)
+        fields = [row["question"], row["gold_answer"], ledger_json, ref, tools, list(refs)]
         blob = json.dumps(fields, sort_keys=True, ensure_ascii=False)
         digest = row.get("digest") or ""
         return cls(
@@ -143,22 +118,14 @@ class JudgeState:
             reference=ref,
             tools=tools,
             key=hashlib.sha256(blob.encode()).hexdigest()[:24],
-            value_refs=value_refs,
-            window_refs=window_refs,
-            focus_refs=focus_refs,
+            refs=refs,
         )
 
 
-def _resolved(ref: dict, ledger: Ledger, values: bool = True, windows: bool = False, focuses: bool = False) -> dict:
-    """The reference action with its value (window, focus) references resolved (kept as recorded if one names
-    nothing)."""
+def _resolved(ref: dict, ledger: Ledger, refs: tuple[str, ...]) -> dict:
+    """The reference action with its references resolved (kept as recorded if one names nothing)."""
     try:
-        return resolve_refs(
-            Action(ref["name"], ref.get("arguments") or {}),
-            ledger.filled_values() if values else None,
-            ledger.named_windows() if windows else None,
-            ledger.query_focuses() if focuses else None,
-        ).to_dict()
+        return resolve_refs(Action(ref["name"], ref.get("arguments") or {}), ledger, refs).to_dict()
     except ActionError:
         return ref
 
@@ -252,8 +219,8 @@ def _states(n: int, columns: dict) -> list[JudgeState]:
     out, seen = [], {}
     for i in range(n):
         row = {c: columns[c][i] for c in (*STATE_COLUMNS, "digest") if c in columns}
-        if "prompts" in columns:  # GRPO's rendered prompts: do they offer value / window / focus references?
-            row.update(offered_refs(columns["prompts"][i]))
+        if "prompts" in columns:  # GRPO's rendered prompts: which references do they offer?
+            row["refs"] = offered_refs(columns["prompts"][i])
         k = json.dumps(row, sort_keys=True, default=str)
         if k not in seen:
             seen[k] = JudgeState.from_columns(row)
@@ -290,30 +257,8 @@ def _query_overlap(args: dict, focus_tokens: set[str]) -> float:
     return min(1.0, len(cand & focus_tokens) / max(1, min(len(focus_tokens), 6)))
 
 
-def window_coverage(args: dict, need) -> float:
-    """Share of the time window the need names ("between 35 s and 50 s"; collect.ledger.need_window) that the
-    call's time_range covers: 1.0 when the need names none or the call gives no range (the whole asset is searched),
-    0.0 when the call searches elsewhere. A tool only returns what lies in its range, so a call outside the window
-    cannot fill the need, however well its query reads."""
-    window = need_window(need.query_focus, need.need)
-    tr = args.get("time_range")
-    if window is None or tr is None:
-        return 1.0
-    try:
-        lo, hi = float(tr[0]), float(tr[1])
-    except (TypeError, ValueError, IndexError, KeyError):
-        return 0.0
-    w0, w1 = window
-    if w1 <= w0:
-        return 1.0 if lo <= w0 <= hi else 0.0
-    return max(0.0, min(hi, w1) - max(lo, w0)) / (w1 - w0)
-
-
-def offline_scores(
-    state: JudgeState, action: Action | None, error: str | None, time_windows: bool = False
-) -> JudgeScore:
-    """Deterministic target/align from the ledger snapshot. Invalid actions score 0 on both. time_windows: a media
-    call's target and align are scaled by window_coverage (the share of its need's named window it searches)."""
+def offline_scores(state: JudgeState, action: Action | None, error: str | None) -> JudgeScore:
+    """Deterministic target/align from the ledger snapshot. Invalid actions score 0 on both."""
     if action is None or error is not None:
         return JudgeScore(0.0, 0.0)
     L = state.ledger
@@ -342,18 +287,15 @@ def offline_scores(
             source_ok = 1.0 if action.name in SOURCE_TOOLS.get(nd.preferred_source, ()) else 0.0
             return source_ok, _query_overlap(action.arguments, focus)
 
-        cover = 1.0  # the share of the target need's time window the call searches
-
         if isinstance(ni, int) and not isinstance(ni, bool) and ni in targets:
             source_ok, overlap = fit(ni)
             addressed = 1.0
-            cover = window_coverage(action.arguments, L.needs[ni]) if time_windows else 1.0
         elif ni is None:  # no declared target: credit the best-fitting actionable need, at half weight
             source_ok, overlap = max(fit(i) for i in targets)
             addressed = 0.5
         else:  # targets a filled, blocked or nonexistent need
             source_ok, overlap, addressed = 0.0, 0.0, 0.0
-        target = round((0.4 * addressed + 0.3 * source_ok + 0.3 * overlap) * cover, 4) if addressed else 0.0
+        target = round(0.4 * addressed + 0.3 * source_ok + 0.3 * overlap, 4) if addressed else 0.0
 
     same = ref.get("name") == action.name and canonical_args(ref.get("arguments")) == canonical_args(action.arguments)
     if same:
@@ -364,11 +306,8 @@ def offline_scores(
         ref_tokens = set().union(
             *(_tokens(v) for k, v in (ref.get("arguments") or {}).items() if isinstance(v, str)), set()
         )
-        # the reference's tool on its need with another query or window: worth its query overlap, scaled by the share
-        # of the need's time window the call still searches
-        ok_index = type(ni) is int and 0 <= ni < len(L.needs)
-        cover = window_coverage(action.arguments, L.needs[ni]) if time_windows and ok_index else 1.0
-        align = round((0.6 + 0.3 * _query_overlap(action.arguments, ref_tokens)) * cover, 4)
+        # the reference's tool on its need with another query or window: worth its query overlap
+        align = round(0.6 + 0.3 * _query_overlap(action.arguments, ref_tokens), 4)
     else:
         align = round(0.6 * target, 4)  # an alternative path is worth what its targeting is worth
     return JudgeScore(float(target), float(align))
@@ -379,17 +318,9 @@ class OfflineJudge(Judge):
 
     name = "offline_judge"
 
-    def __init__(self, cache_path: str | os.PathLike | None = None, time_windows: bool = False):
-        super().__init__(cache_path)
-        self.time_windows = time_windows
-
-    @property
-    def cache_tag(self) -> str:
-        return self.name + ("+time_windows" if self.time_windows else "")
-
     async def _judge(self, state: JudgeState, completion: Any, text: str) -> JudgeScore | None:
-        action, error = check_candidate(completion, state.tools, state.values, state.windows, state.focuses)
-        return offline_scores(state, action, error, self.time_windows)
+        action, error = check_candidate(completion, state.tools, state.ledger, state.refs)
+        return offline_scores(state, action, error)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -425,9 +356,6 @@ class OpenAIJudge(Judge):
     name = "openai_judge"
 
     def __init__(self, cfg: JudgeConfig):
-        from collect.config import EndpointConfig
-        from collect.llm import Usage
-
         super().__init__(cfg.cache_path)
         if not cfg.base_url or not cfg.model:
             raise ValueError(
@@ -458,7 +386,6 @@ class OpenAIJudge(Judge):
     def _client(self):
         """A ChatClient per event loop (TRL runs async rewards on its own loop; scripts use asyncio.run); its semaphore
         bounds the judge's requests in flight."""
-        from collect.llm import ChatClient
 
         loop = asyncio.get_running_loop()
         got = self._per_loop.get(id(loop))
@@ -468,7 +395,7 @@ class OpenAIJudge(Judge):
         return got[0]
 
     def render(self, state: JudgeState, completion: Any, text: str) -> str:
-        action, error = check_candidate(completion, state.tools, state.values, state.windows, state.focuses)
+        action, error = check_candidate(completion, state.tools, state.ledger, state.refs)
         parsed = (json.dumps(action.to_dict(), ensure_ascii=False) if action is not None else "(does not parse)") + (
             f"  [invalid: {error}]" if error else ""
         )
@@ -487,8 +414,6 @@ class OpenAIJudge(Judge):
         return out
 
     async def _judge(self, state: JudgeState, completion: Any, text: str) -> JudgeScore | None:
-        from collect.llm import ChatError
-
         client = self._client()
         messages = [{"role": "user", "content": self.render(state, completion, text)}]
         last: Exception | None = None
@@ -526,7 +451,7 @@ def build_judge(cfg: JudgeConfig | dict | None) -> Judge:
             raise ValueError(f"unknown judge config key(s) {sorted(unknown)}")
         cfg = JudgeConfig(**cfg)
     if cfg.kind == "offline":
-        return OfflineJudge(cfg.cache_path, time_windows=cfg.time_windows)
+        return OfflineJudge(cfg.cache_path)
     if cfg.kind == "openai":
         return OpenAIJudge(cfg)
     raise ValueError(f"judge.kind={cfg.kind!r}; expected 'offline' or 'openai'")

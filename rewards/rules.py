@@ -62,23 +62,18 @@ def parse_candidate(completion: Any) -> Action | None:
 
 
 def check_candidate(
-    completion: Any,
-    tools: list[dict],
-    values: dict[int, str] | None = None,
-    windows: dict[int, tuple[float, float]] | None = None,
-    focuses: dict[int, str] | None = None,
+    completion: Any, tools: list[dict], ledger: Ledger | None = None, refs: tuple[str, ...] = ()
 ) -> tuple[Action | None, str | None]:
     """(action, None) when the completion is a valid action for this tool set, else (action-or-None, error kind).
-    values (the state's prompt offers value references: Ledger.filled_values()): "{need:K}" references are resolved
-    first, as the runtime does, and the resolved action is returned; a reference to a need with no value is invalid.
-    windows (it offers window references: Ledger.named_windows()): the same for a "{window:K}" time_range. focuses
-    (it offers focus references: Ledger.query_focuses()): the same for "{focus:K}" in a query or code."""
+    refs (the reference kinds the state's prompt offers: collect.actions.offered_refs) are resolved first against the
+    state's `ledger`, as the runtime does, and the resolved action is returned; a reference the ledger cannot fill
+    makes it invalid."""
     try:
         action = parse_action(completion_text(completion), completion_tool_calls(completion))
     except ActionError as e:
         return None, e.kind
     try:
-        action = resolve_refs(action, values, windows, focuses)
+        action = resolve_refs(action, ledger, refs)
         validate_action(action, tools)
     except ActionError as e:
         return action, e.kind
@@ -94,22 +89,14 @@ def valid(completions: list, tools: list, **kwargs) -> list[float | None]:
     """1 when the completion parses as exactly one action, the tool is in this state's tool set and the arguments
     satisfy its JSON schema and what the tools refuse beyond it (collect.actions.validate_action: a time_range that
     ends before it starts, a blank query or code); else 0. Guards the action format against drift during RL. Where the
-    state's prompt (``prompts``, as GRPO passes it) offers value (window, focus) references, they are resolved against
-    the ``ledger`` column first (a reference to a need with no value: 0)."""
+    state's prompt (``prompts``, as GRPO passes it) offers references, they are resolved against the ``ledger`` column
+    first (a reference the ledger cannot fill: 0)."""
     out: list[float | None] = []
     prompts, ledgers = kwargs.get("prompts"), kwargs.get("ledger")
     for i, (completion, tools_json) in enumerate(zip(completions, tools, strict=True)):
         schemas = load_json_column(tools_json, "tools")
-        have = prompts is not None and ledgers is not None
-        refs = offered_refs(prompts[i]) if have else {}
-        led = ledger_of(ledgers[i]) if any(refs.values()) else None
-        _, err = check_candidate(
-            completion,
-            schemas,
-            led.filled_values() if refs.get("value_refs") else None,
-            led.named_windows() if refs.get("window_refs") else None,
-            led.query_focuses() if refs.get("focus_refs") else None,
-        )
+        refs = offered_refs(prompts[i]) if prompts is not None and ledgers is not None else ()
+        _, err = check_candidate(completion, schemas, ledger_of(ledgers[i]) if refs else None, refs)
         out.append(1.0 if err is None else 0.0)
     return out
 

@@ -26,6 +26,25 @@ import asyncio
 import json
 import logging
 import os
+import random
+import statistics
+
+import torch
+from datasets import load_from_disk
+
+from collect.actions import Action
+from collect.ledger import call_signature, canonical_args
+from rewards import build_judge, score_components, total, use_judge
+from rewards.rules import parse_candidate
+from rl.train import (
+    STATE_KEY,
+    load_config,
+    load_policy,
+    named_weights,
+    render_prompts,
+    scored_state_files,
+    states_calling,
+)
 
 log = logging.getLogger("rl.score")
 
@@ -39,8 +58,6 @@ def reference_matches(completions: list[str], reference_actions: list[str]) -> d
     """How close the decisions are to the recorded (teacher) actions: the same tool; the same call, arguments
     included (canonical JSON); and, on states whose teacher call has a `query` (built from the need's query_focus),
     the same query string. An unparseable decision matches nothing."""
-    from collect.ledger import call_signature, canonical_args
-    from rewards.rules import parse_candidate
 
     def sig(name: str, args: dict | None) -> str:
         return call_signature(name, canonical_args(args or {}))
@@ -60,8 +77,6 @@ def reference_matches(completions: list[str], reference_actions: list[str]) -> d
 
 
 def _load_split(dataset_dir: str, split: str):
-    from datasets import load_from_disk
-
     dd = load_from_disk(dataset_dir)
     if split not in dd:
         raise ValueError(f"{dataset_dir}: no split {split!r} (has {list(dd)})")
@@ -71,8 +86,6 @@ def _load_split(dataset_dir: str, split: str):
 def _rewards(completions: list[str], ds, training, prompts: list[str]) -> tuple[dict, dict]:
     """Every reward component of `completions` (aligned with the states `ds`, whose rendered prompts are `prompts`,
     passed as GRPO passes them), and the means: weighted total first."""
-    from rewards import score_components, total
-    from rl.train import named_weights
 
     columns = {k: ds[k] for k in ds.column_names if k != "prompt"} | {"prompts": list(prompts)}
     comps = asyncio.run(score_components(completions, columns))
@@ -84,7 +97,6 @@ def _decode(policy, tok, texts: list[str], max_new: int, batch_size: int, k: int
     """Decisions for `texts`: greedy (k=1), or k samples per prompt at `temperature` as GRPO draws a group (then the
     list holds each prompt's k samples in a row). Decoded like GRPO does (skip_special_tokens=True: the tool-call
     tags are ordinary added tokens)."""
-    import torch
 
     gen = {"do_sample": False} if k == 1 else {"do_sample": True, "temperature": temperature, "top_k": 0}
     completions: list[str] = []
@@ -114,7 +126,6 @@ def select_states(
     `scored` (an rl.train output directory), only the states its GRPO run drew a group for (`which="in"`) or only the
     others (`"out"`), matched by rl.train.STATE_KEY; with `shuffle` (a seed), n drawn at random instead of the first n
     (a pool lists the teacher's states before the student's)."""
-    from rl.train import STATE_KEY, scored_state_files, states_calling
 
     if which not in ("in", "out"):
         raise ValueError(f"which must be 'in' or 'out', got {which!r}")
@@ -148,8 +159,6 @@ def _policy_and_states(
     shuffle: int | None = None,
     reference_tools: str | None = None,
 ):
-    from rewards import build_judge, use_judge
-    from rl.train import load_config, load_policy, render_prompts
 
     # without --config: TRL's defaults (GRPOConfig, ModelConfig), the offline judge and the paper weights
     script, training, model_args = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": model})
@@ -217,12 +226,6 @@ def group_reach(
     there (ties count), the GRPO advantage such a sample gets ((reward - group mean) / group std), and the groups
     whose k rewards are all equal (no advantage, no gradient), and how much of the advantage comes from groups whose
     rewards barely differ (`group_spread`). Sampling is seeded (`seed`)."""
-    import statistics
-
-    import torch
-
-    from rewards import total
-    from rl.train import named_weights
 
     if k < 2:
         raise ValueError(f"group_reach needs k >= 2 samples per state, got {k}")
@@ -274,7 +277,6 @@ def group_spread(totals: list[float], k: int, margin: float = 0.05) -> dict:
     scale_rewards="group"), and `near_tie_centered_share` the same with (r - group mean) only (scale_rewards="none").
     Dividing by the group's std gives a group whose rewards differ by 0.001 the same weight as one whose rewards
     differ by 1, so a high first share with a low second one says most of the gradient comes from reward noise."""
-    import statistics
 
     if k < 2 or len(totals) % k:
         raise ValueError(f"group_spread needs groups of k >= 2 rewards, got {len(totals)} rewards and k={k}")
@@ -304,11 +306,6 @@ def reward_sensitivity(dataset_dir: str, split: str = "train", n: int = 300, con
     """Mean reward (total and per component) of the reference action and of two query perturbations of it, over the
     first n states of `split` whose reference action has a `query`. Another state's query is taken by a seeded
     shuffle; a state whose query has three words or fewer becomes "x" when they are dropped."""
-    import random
-
-    from collect.actions import Action
-    from rewards import build_judge, use_judge
-    from rl.train import load_config
 
     script, training, _ = load_config(config, {"dataset_dir": dataset_dir, "model_name_or_path": "unused"})
     ds = _load_split(dataset_dir, split)

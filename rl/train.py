@@ -14,20 +14,20 @@ list (REWARD_FUNCS order) or a mapping by reward name; LoRA is ModelConfig's ``u
 
 The KL reference is the post-SFT policy, never the raw base:
   * full weights at model_name_or_path (a full-FT or merged SFT checkpoint), ``use_peft: false``: TRL loads the
-    reference from the same path, i.e. the SFT checkpoint, with the policy's own class (TRL would otherwise pick the
-    class named in config.architectures[0], e.g. a vision-language ConditionalGeneration class for a CausalLM policy);
+    reference from the same path, i.e. the SFT checkpoint, with the class config.architectures[0] names;
+    build_trainer checks that it is the policy's class (a vision-language checkpoint names its ConditionalGeneration
+    class there while the policy is a CausalLM: then use_peft, or save the SFT checkpoint from the policy's class);
   * full weights + ``use_peft: true``: a fresh adapter on the SFT weights; TRL's reference is the model with the
     adapter disabled = the SFT weights;
   * a LoRA adapter directory (adapter_config.json): loaded as a trainable PeftModel; TRL copies the SFT adapter into a
-    frozen "ref" adapter (stack.md), which is removed before saving.
+    frozen "ref" adapter (TRL 1.16 grpo_trainer.py, `model.add_adapter("ref", ...)`), which is removed before saving.
 Prompts are pre-rendered with the policy tokenizer's chat template INCLUDING each row's tools (a static dataset cannot
 feed a per-row tools column to TRL's own rendering). Writes OUT (model + tokenizer) and OUT/rl_summary.json.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
+import inspect
 import json
 import logging
 import os
@@ -36,11 +36,30 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
-from unittest import mock
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: models are local paths
 
+import torch
+from datasets import concatenate_datasets, load_from_disk
+from peft import PeftConfig, PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
+
+from collect.harvest import template_messages
+from rewards import (
+    DEFAULT_WEIGHTS,
+    PAPER_REWARDS,
+    REWARD_FUNCS,
+    ExecutionCheck,
+    build_judge,
+    get_execution_check,
+    trainer_reward_funcs,
+    use_execution_check,
+    use_judge,
+    weights_list,
+)
+from rewards.rules import load_json_column
+from sft.lm_head import compact_lm_head_on_cpu
 
 log = logging.getLogger("rl.train")
 
@@ -65,20 +84,6 @@ class RLScriptArguments:
         },
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "cap the number of states (demo/debug)"})
-    reference_candidate: bool = field(
-        default=False,
-        metadata={
-            "help": "replace one of each state's G sampled candidates by the state's recorded reference decision "
-            "(the teacher's action, rendered as SFT trains on it), scored by the same rewards; the paper samples all G"
-        },
-    )
-    placebo_rewards: bool = field(
-        default=False,
-        metadata={
-            "help": "control run: each group's G rewards are randomly permuted among its G completions before the "
-            "advantage, so updates have the real run's sizes and no information about which completion was better"
-        },
-    )
     judge: dict | str | None = field(
         default_factory=lambda: {"kind": "offline"},
         metadata={"help": "rewards.judge.JudgeConfig fields (a YAML mapping, or JSON on the command line)"},
@@ -101,7 +106,6 @@ class RLRecipe(NamedTuple):
 def named_weights(weights) -> dict[str, float]:
     """reward_weights by reward name, from TRL's list (REWARD_FUNCS order; the paper's four alone leave `compute` at
     its default 0), a mapping, or None (paper defaults)."""
-    from rewards import DEFAULT_WEIGHTS, PAPER_REWARDS, REWARD_FUNCS, weights_list
 
     if weights is None:
         return dict(DEFAULT_WEIGHTS)
@@ -138,7 +142,6 @@ def parse_args(argv: list[str] | None = None) -> RLRecipe:
 
     Without CUDA the defaults become use_cpu/fp32 before GRPOConfig validates itself (it rejects bf16 on a CPU-only
     machine), as in sft.train; a recipe that sets bf16: true still needs `--bf16 false` there."""
-    import torch
 
     argv = named_weights_flag(list(argv) if argv is not None else sys.argv[1:])
     parser = TrlParser((RLScriptArguments, GRPOConfig, ModelConfig))
@@ -173,8 +176,6 @@ def is_adapter_dir(path: str | os.PathLike) -> bool:
 
 def load_policy(model_args: ModelConfig):
     """(model, tokenizer, peft_config, how) for the post-SFT policy; see the module docstring for the three cases."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_args.model_name_or_path
     if not path:
@@ -186,8 +187,6 @@ def load_policy(model_args: ModelConfig):
         "attn_implementation": model_args.attn_implementation,
     }
     if is_adapter_dir(path):
-        from peft import PeftConfig, PeftModel
-
         if model_args.use_peft:
             raise ValueError(f"{path} is already a LoRA adapter; set use_peft: false (TRL refuses both)")
         base = PeftConfig.from_pretrained(path).base_model_name_or_path
@@ -209,8 +208,6 @@ def render_prompts(ds, tok, chat_template_kwargs: dict | None):
     The messages go through collect.harvest.template_messages first, as state-SFT's rows do, so a prompt that replays
     an earlier tool call in the OpenAI wire form renders for GRPO exactly as SFT trained on it (and as vLLM serves it);
     Qwen3.5's template rejects the wire form's string arguments."""
-    from collect.harvest import template_messages
-    from rewards.rules import load_json_column
 
     kwargs = dict(chat_template_kwargs or {})
 
@@ -222,47 +219,6 @@ def render_prompts(ds, tok, chat_template_kwargs: dict | None):
         return {"prompt": text}
 
     return ds.map(one, desc="render prompts")
-
-
-GUIDE_COLUMN = "reference_completion_ids"
-
-
-def add_reference_completions(ds, tok, chat_template_kwargs: dict | None, eos_ids: list[int] | None = None):
-    """Each state's reference decision as completion token ids (column GUIDE_COLUMN), before render_prompts.
-
-    The completion is what state-SFT trains on for that row: the chat template's rendering of the prompt plus the
-    assistant tool call (collect.harvest.decision_completion) minus the rendering of the prompt with the generation
-    prompt, tokenized as one text, as TRL's SFT does for prompt-completion rows, then cut after the first
-    end-of-sequence token (`eos_ids`, default the tokenizer's), where generation stops: a template's newline after
-    <|im_end|> is trained by SFT but never sampled. A template that does not render the prompt as a prefix of the
-    conversation is an error."""
-    from collect.actions import Action
-    from collect.harvest import decision_completion, template_messages
-    from rewards.rules import load_json_column
-
-    kwargs = dict(chat_template_kwargs or {})
-    eos = set(eos_ids if eos_ids is not None else [tok.eos_token_id])
-
-    def one(row):
-        tools = load_json_column(row["tools"], "tools")
-        ref = load_json_column(row["reference_action"], "reference_action")
-        action = Action(ref["name"], ref.get("arguments") or {})
-        messages = template_messages(row["prompt"])
-        common = {"tools": tools or None, "tokenize": False, **kwargs}
-        head = tok.apply_chat_template(messages, add_generation_prompt=True, **common)
-        full = tok.apply_chat_template(messages + decision_completion(action), **common)
-        head_ids = tok(head, add_special_tokens=False)["input_ids"]
-        full_ids = tok(full, add_special_tokens=False)["input_ids"]
-        if full_ids[: len(head_ids)] != head_ids:
-            raise ValueError(
-                f"state {row.get('task_id')}#{row.get('step')}: the chat template does not render the prompt as a "
-                "prefix of prompt + reference decision; reference_candidate cannot build the candidate"
-            )
-        ids = full_ids[len(head_ids) :]
-        ends = [k for k, t in enumerate(ids) if t in eos]
-        return {GUIDE_COLUMN: ids[: ends[0] + 1] if ends else ids}
-
-    return ds.map(one, desc="reference candidates")
 
 
 SCORED_STATES = "scored_states.jsonl"  # OUT/scored_states.jsonl: one line per state a GRPO group was drawn for
@@ -277,55 +233,66 @@ def scored_state_files(rl_out: str | os.PathLike) -> list[Path]:
     return files
 
 
-def shuffle_within_groups(rewards, g: int, seed: int):
-    """`rewards` (N x F: a row per completion, G consecutive rows per state) with each group's rows randomly
-    permuted (one permutation per group, the same for every reward function; seeded). Rows past the last whole group
-    are left in place."""
-    import torch
+class RewardRecorder:
+    """What each reward function returned for the batch being scored (this process's completions, in order): the
+    reward functions are TRL's public extension point, so they report their own outputs here."""
 
-    gen = torch.Generator().manual_seed(seed)
-    n = rewards.shape[0] - rewards.shape[0] % g
-    perm = torch.cat(
-        [torch.randperm(g, generator=gen) + i for i in range(0, n, g)] + [torch.arange(n, rewards.shape[0])]
-    )
-    return rewards[perm.to(rewards.device)]
+    def __init__(self):
+        self.latest: dict[str, list] = {}
+
+    def wrap(self, fn):
+        """`fn` (a TRL reward function, sync or async) recording its outputs under its name; TRL logs the same name."""
+        name = fn.__name__
+        if inspect.iscoroutinefunction(fn):
+
+            async def recorded(completions, **kwargs):
+                self.latest[name] = out = await fn(completions, **kwargs)
+                return out
+
+        else:
+
+            def recorded(completions, **kwargs):
+                self.latest[name] = out = fn(completions, **kwargs)
+                return out
+
+        recorded.__name__ = recorded.__qualname__ = name
+        return recorded
 
 
 class StateRecordingGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that writes, for every state it draws a group for while training, one JSON line to
     OUT/scored_states.jsonl (OUT/scored_states.rank<R>.jsonl per process when there are several): the optimizer
     step (completed steps when the group was drawn), the state's STATE_KEY fields, the G weighted rewards (null for a
-    completion every reward skipped; as the loss saw them, i.e. permuted in a placebo run) and the G advantages the
-    loss used. Lines are appended as training goes, so a crash keeps the groups scored so far. Why: GRPO scores a
-    few hundred of the pool's thousands of states; this tells the states it trained on from those it did not
-    (`rl.score --scored OUT`). Also the home of the `placebo_rewards` control (shuffle_within_groups)."""
+    completion every reward skipped) and the G advantages the loss used. Lines are appended as training goes, so a
+    crash keeps the groups scored so far. Why: GRPO scores a few hundred of the pool's thousands of states; this tells
+    the states it trained on from those it did not (`rl.score --scored OUT`).
 
-    _rewards_per_func = None
+    The one override of a TRL method, and what it depends on (TRL 1.16, trl/trainer/grpo_trainer.py):
+    `_generate_and_score_completions(inputs)` is called once per generation batch with this process's rows, G
+    consecutive copies per state, calls the reward functions on them (the rewards come from RewardRecorder), and
+    returns a dict whose "advantages" holds this process's advantages in the same order (the `output = {...
+    "advantages": advantages ...}` at its end). tests/test_rl.py::test_trl_hooks_this_trainer_relies_on_are_there
+    fails when that changes."""
+
+    recorder: RewardRecorder
     _scored_path: Path | None = None
-    placebo_rewards = False  # RLScriptArguments.placebo_rewards: a control run (shuffle_within_groups)
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        if self.placebo_rewards and self.model.training:  # the same permutation on every process (same seed)
-            rewards = shuffle_within_groups(
-                rewards, self.num_generations, self.args.seed * 1_000_003 + self.state.global_step
-            )
-        self._rewards_per_func = rewards  # gathered over processes, as TRL uses it
-        return rewards
 
     def _generate_and_score_completions(self, inputs):
-        self._rewards_per_func = None
+        self.recorder.latest = {}
         out = super()._generate_and_score_completions(inputs)
-        if self.model.training and self._rewards_per_func is not None:
+        if self.model.training and self.recorder.latest:
             self._record(inputs, out["advantages"])
         return out
 
     def _record(self, inputs: list[dict], advantages) -> None:
-        import torch
-
         n, g = len(inputs), self.num_generations
-        rank = self.accelerator.process_index
-        per_func = self._rewards_per_func[rank * n : (rank + 1) * n].float().cpu()
+        per_func = torch.tensor(
+            [
+                [float("nan") if v is None else float(v) for v in self.recorder.latest[name]]
+                for name in self.reward_func_names
+            ],
+            dtype=torch.float32,
+        ).T
         weighted = (per_func * self.reward_weights.float().cpu().unsqueeze(0)).nansum(dim=1)
         weighted[torch.isnan(per_func).all(dim=1)] = float("nan")
         adv = advantages.float().cpu().tolist()
@@ -341,6 +308,7 @@ class StateRecordingGRPOTrainer(GRPOTrainer):
                 }
             )
         if self._scored_path is None:  # first group of this run: start the file afresh
+            rank = self.accelerator.process_index
             name = SCORED_STATES if self.accelerator.num_processes == 1 else f"scored_states.rank{rank}.jsonl"
             self._scored_path = Path(self.args.output_dir) / name
             self._scored_path.parent.mkdir(parents=True, exist_ok=True)
@@ -349,59 +317,11 @@ class StateRecordingGRPOTrainer(GRPOTrainer):
             f.writelines(json.dumps(x) + "\n" for x in lines)
 
 
-class ReferenceGuidedGRPOTrainer(StateRecordingGRPOTrainer):
-    """GRPO whose groups hold the recorded reference decision as one of the G candidates (RLScriptArguments
-    .reference_candidate). Why: on a student's own states the teacher's decision is rarely sampled (docs/training.md
-    "The demo"), so no group can rank it above the wrong ones; with it in the group its advantage is its reward
-    against the sampled ones, the same rewards score it, and the clipped objective and KL term are unchanged.
-
-    In each process's generation batch, the last candidate of each prompt is replaced by the reference's tokens
-    (add_reference_completions, capped at max_completion_length). Its sampling log-probs, where the backend
-    returns them (vLLM), are None, which TRL treats as "no importance-sampling correction" for those tokens.
-    Logged per step: guide/advantage (mean advantage of the reference candidates), guide/above_mean (share of them
-    with a positive advantage)."""
-
-    _guide: list | None = None
-    _guided: list[int] = []
-
-    def _generate_and_score_completions(self, inputs):
-        self._guide = [x.get(GUIDE_COLUMN) for x in inputs] if self.model.training else None
-        self._guided = []
-        try:
-            out = super()._generate_and_score_completions(inputs)
-        finally:
-            self._guide = None
-        if self._guided:
-            adv = out["advantages"][self._guided].float()
-            self._metrics["train"]["guide/advantage"].append(adv.mean().item())
-            self._metrics["train"]["guide/above_mean"].append((adv > 0).float().mean().item())
-        return out
-
-    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
-        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
-        guide = self._guide
-        if not guide or len(guide) != len(completion_ids):
-            return completion_ids, logprobs
-        last = {tuple(p): i for i, p in enumerate(prompt_ids)}  # inputs arrive as G consecutive copies per state
-        completion_ids = list(completion_ids)
-        for i in sorted(last.values()):
-            ref = list(guide[i] or [])[: self.max_completion_length]
-            if not ref:
-                continue
-            completion_ids[i] = ref
-            if logprobs is not None:
-                logprobs[i] = [None] * len(ref)
-            self._guided.append(i)
-        return completion_ids, logprobs
-
-
 def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: dict, n_states: int) -> dict:
     """Steps, wall time and per-component reward means (first/last/mean over logged steps)."""
-    from rewards import REWARD_FUNCS, get_execution_check
 
     hist = [h for h in trainer.state.log_history if "reward" in h]
     keys = ["reward"] + [f"rewards/{k}/mean" for k in REWARD_FUNCS] + ["kl", "frac_reward_zero_std", "loss"]
-    keys += ["guide/advantage", "guide/above_mean"]
     comp = {}
     for k in keys:
         # drop NaN and None (TRL logs a reward every completion skipped, e.g. an unweighted compute, as None)
@@ -417,7 +337,6 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
             }
     short = {"reward": "reward", "kl": "kl", "frac_reward_zero_std": "zero_std"}
     short |= {f"rewards/{k}/mean": k for k in REWARD_FUNCS}
-    short |= {"guide/advantage": "guide_advantage", "guide/above_mean": "guide_above_mean"}
     history = [{"step": h.get("step")} | {v: h[k] for k, v in short.items() if k in h} for h in hist]
     steps = trainer.state.global_step
     return {
@@ -425,8 +344,9 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
         "wall_time_s": round(wall_s, 2),
         "s_per_step": round(wall_s / max(1, steps), 3),
         "n_states": n_states,
+        # the tasks of the states GRPO drew from: pipeline.eval warns when a planner is scored on one of them
+        "trained_task_ids": getattr(trainer, "trained_task_ids", []),
         "num_generations": recipe.training.num_generations,
-        "reference_candidate": recipe.script.reference_candidate,
         "reference_policy": how,
         "reward_weights": named_weights(recipe.training.reward_weights),
         "metrics": comp,
@@ -436,28 +356,34 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
     }
 
 
-@contextlib.contextmanager
-def reference_built_like(policy):
-    """While GRPOTrainer is constructed, build its KL reference with the policy's own class.
-
-    TRL 1.16 creates the reference with `create_model_from_path(config._name_or_path)`, which instantiates
-    `config.architectures[0]`: for a vision-language checkpoint that is the ConditionalGeneration class while the
-    policy was loaded as a CausalLM, so the KL term would compare two different models. Passing `architecture`
-    pins the class; `build_trainer` checks the result."""
-    from trl.trainer import grpo_trainer
-
-    cls = type(policy)
-    with mock.patch.object(
-        grpo_trainer,
-        "create_model_from_path",
-        functools.partial(grpo_trainer.create_model_from_path, architecture=cls),
-    ):
-        yield cls
+def load_state_pool(dataset_dirs: str, split: str = "train", origins: str | None = None):
+    """rl_states rows of one or several DatasetDicts (comma-separated dirs), concatenated in order; rows written
+    before the origin column count as teacher rows; `origins` (comma-separated, e.g. "onpolicy") keeps only those."""
+    parts = []
+    for d in [x.strip() for x in dataset_dirs.split(",") if x.strip()]:
+        if not Path(d).exists():
+            raise FileNotFoundError(f"dataset_dir {d!r} does not exist: run collect.harvest / pipeline.relabel first")
+        dd = load_from_disk(d)
+        if split not in dd:
+            raise ValueError(f"{d}: no split {split!r} (has {list(dd)})")
+        ds = dd[split]
+        if "origin" not in ds.column_names:
+            ds = ds.add_column("origin", ["teacher"] * len(ds)).add_column("round", [0] * len(ds))
+        parts.append(ds)
+    if not parts:
+        raise ValueError("dataset_dir names no directory")
+    cols = parts[0].column_names
+    ds = concatenate_datasets([p.select_columns(cols) for p in parts]) if len(parts) > 1 else parts[0]
+    if origins:
+        keep = {o.strip() for o in origins.split(",") if o.strip()}
+        ds = ds.filter(lambda r: r["origin"] in keep)
+        if len(ds) == 0:
+            raise ValueError(f"{dataset_dirs}: no {split} states of origin {sorted(keep)}")
+    return ds
 
 
 def states_calling(ds, tools: str):
     """The states of `ds` whose reference decision calls one of `tools` (comma-separated names); none is an error."""
-    from rewards.rules import load_json_column
 
     keep = {t.strip() for t in tools.split(",") if t.strip()}
     ds = ds.filter(lambda r: (load_json_column(r["reference_action"], "reference_action") or {}).get("name") in keep)
@@ -469,51 +395,49 @@ def states_calling(ds, tools: str):
 def build_trainer(recipe: RLRecipe):
     """Data, policy, rewards and GRPOTrainer for one recipe. Returns (trainer, tokenizer, judge, how, n_states)."""
     script, training, model_args = recipe
-    # 1. data: the recorded state pool; prompts rendered with each row's tools
-    from collect.relabel import load_state_pool  # teacher and/or on-policy (student-reached) states
-
+    # 1. data: the recorded state pool (teacher and/or on-policy states); prompts rendered with each row's tools
     ds = load_state_pool(script.dataset_dir, script.train_split, script.origins)
     if script.reference_tools:
         ds = states_calling(ds, script.reference_tools)
     if script.max_train_samples:
         ds = ds.select(range(min(script.max_train_samples, len(ds))))
     model, tok, peft_config, how = load_policy(model_args)
-    if script.reference_candidate:
-        eos = model.generation_config.eos_token_id  # where sampling stops, as GRPOTrainer reads it
-        eos = [tok.eos_token_id] + ([eos] if isinstance(eos, int) else list(eos or []))
-        ds = add_reference_completions(ds, tok, training.chat_template_kwargs, eos)
     ds = render_prompts(ds, tok, training.chat_template_kwargs)
+    trainer_task_ids = sorted(set(ds["task_id"])) if "task_id" in ds.column_names else []
     log.info("%d states from %s; policy %s (%s)", len(ds), script.dataset_dir, model_args.model_name_or_path, how)
 
     # 2. rewards: valid, gate (rules) + target, align (one judge call each candidate) + compute (programs run; only
-    #    when the recipe weighs it)
-    from rewards import ExecutionCheck, build_judge, trainer_reward_funcs, use_execution_check, use_judge
-
+    #    when the recipe weighs it), each recording what it returned for the scored-states log
     judge = use_judge(build_judge(script.judge))
     use_execution_check(ExecutionCheck())  # a fresh memo of program outputs for this run
+    recorder = RewardRecorder()
+    reward_funcs = [recorder.wrap(f) for f in trainer_reward_funcs(named_weights(training.reward_weights))]
 
-    # 3. GRPO with the recipe's objective; the reference is built with the policy's class
-    from sft.lm_head import compact_lm_head_on_cpu
-
+    # 3. GRPO with the recipe's objective
     compact_lm_head_on_cpu()  # CPU only: the policy's log-probs over completion tokens only (same loss, faster)
-    with reference_built_like(model) as policy_cls:
-        trainer_cls = ReferenceGuidedGRPOTrainer if script.reference_candidate else StateRecordingGRPOTrainer
-        trainer = trainer_cls(
-            model=model,
-            reward_funcs=trainer_reward_funcs(named_weights(training.reward_weights)),
-            args=training,
-            train_dataset=ds,
-            processing_class=tok,
-            peft_config=peft_config,
-        )
-    trainer.placebo_rewards = script.placebo_rewards
+    trainer = StateRecordingGRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=training,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=peft_config,
+    )
+    trainer.recorder = recorder
+    trainer.trained_task_ids = trainer_task_ids
     if training.beta and how == "full_ft_ref_loaded_from_sft_checkpoint":
+        # TRL builds the KL reference from the checkpoint's config.architectures[0]; it must be the SFT weights in the
+        # policy's class (a vision-language checkpoint names its ConditionalGeneration class there)
         ref = trainer.accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
         ref_src = getattr(ref.config, "_name_or_path", None) if ref is not None else None
         if ref_src is None or Path(ref_src).resolve() != Path(model_args.model_name_or_path).resolve():
             raise RuntimeError(f"KL reference {ref_src!r} is not the SFT checkpoint {model_args.model_name_or_path!r}")
-        if type(ref) is not policy_cls:
-            raise RuntimeError(f"KL reference is a {type(ref).__name__}, the policy a {policy_cls.__name__}")
+        if type(ref) is not type(model):
+            raise RuntimeError(
+                f"KL reference is a {type(ref).__name__} (config.architectures of {ref_src}), the policy a "
+                f"{type(model).__name__}: train with use_peft: true (the reference is then the adapter disabled), "
+                "or save the SFT checkpoint from the policy's class"
+            )
     return trainer, tok, judge, how, len(ds)
 
 

@@ -21,11 +21,12 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import yaml
+
+from collect.config import load_recipe
 
 TOOL_CALL_PARSERS = {"qwen2.5": "hermes", "qwen3": "hermes", "qwen3.5": "qwen3_xml", "qwen3-omni": "hermes"}
 NO_LORA_FAMILIES = ("qwen3-omni",)
@@ -42,7 +43,9 @@ class VLLMServeConfig:
         default_factory=dict, metadata={"help": "adapter name -> adapter dir (layout lora); clients use the name"}
     )
     max_lora_rank: int = field(default=16, metadata={"help": "--max-lora-rank: at least the adapters' r"})
-    served_model_name: str | None = field(default=None, metadata={"help": "name clients send as `model`"})
+    served_model_name: str | None = field(
+        default="planner", metadata={"help": "name clients send as `model` (PLANNER=URL#planner)"}
+    )
     host: str = field(default="127.0.0.1", metadata={"help": "bind address"})
     port: int = field(default=8000, metadata={"help": "HTTP port"})
     tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs per model replica"})
@@ -63,16 +66,8 @@ class VLLMServeConfig:
     executable: str = field(default="vllm", metadata={"help": "the vllm CLI"})
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> VLLMServeConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown field(s) {unknown}; known: {sorted(known)}")
-        try:
-            return cls(**data)
-        except TypeError as e:
-            raise ValueError(f"{path}: {e}") from None
+    def from_yaml(cls, path: str | Path, overrides: dict | None = None) -> VLLMServeConfig:
+        return load_recipe(cls, path, overrides, "serve recipe")
 
 
 def build_vllm_command(cfg: VLLMServeConfig) -> list[str]:
@@ -131,10 +126,15 @@ def wait_until_ready(url: str, timeout_s: float, proc: subprocess.Popen | None =
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="launch vLLM for a serving recipe")
     ap.add_argument("--config", required=True, help="configs/serve/*.yaml")
+    ap.add_argument("--model", default=None, help="serve this checkpoint instead of the recipe's `model`")
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     a = ap.parse_args(argv)
-    cfg = VLLMServeConfig.from_yaml(a.config)
-    cmd = build_vllm_command(cfg)
+    try:
+        cfg = VLLMServeConfig.from_yaml(a.config, {"model": a.model})
+        cmd = build_vllm_command(cfg)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(shlex.join(cmd), flush=True)
     if a.dry_run:
         return 0

@@ -22,6 +22,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from collect import teacher_runs
+from collect.world import load_world
+
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
@@ -67,9 +70,6 @@ def default_texts(seed: int = 0) -> Iterable[str]:
     """What the planner reads and writes: the embedded world's texts (questions, tracks, web corpus), the role
     prompts, and the prompts, tool schemas and actions of recorded teacher runs of the real runtime on the first 24
     train tasks (collect.teacher_runs)."""
-    from collect import teacher_runs
-    from collect.world import load_world
-
     prompts_dir = Path(__file__).resolve().parents[1] / "collect" / "roles" / "prompts"
     return itertools.chain(
         teacher_runs.texts(n=24, split="train"),
@@ -78,35 +78,21 @@ def default_texts(seed: int = 0) -> Iterable[str]:
     )
 
 
-# Pre-tokenizer splits (BPE never merges across a split):
-#   phrase    (default) splits only at line ends and before each ' "' / '{"': BPE learns whole keys and phrases
-#             ('"need_index": ', 'name of the '), prompts stay short, but a value's tokens depend on what follows it:
-#             "Kovdale Growers' Cooperative" is 'Kovdale ', "Growers' ", 'Cooperative' as a ledger value and
-#             'Kovdale ', "Growers' Cooperative " inside a query; 39% of the teacher's queries hold a token that is
-#             nowhere in their prompt.
-#   wordruns  a run of lowercase words ("market town", "name of the cooperative between") is one piece, a capitalised
-#             word is its own piece, and the spaces and punctuation between pieces are pieces of their own: a value
-#             tokenises the same wherever it is written (94% of the teacher's queries are made only of prompt
-#             tokens), at ~1.8x the prompt length and ~2x the SFT step time. It did not make the tiny planner copy
-#             (docs/training.md "The tiny model"), so the recipes keep "phrase".
-PRETOKENIZER_SPLITS = {
-    "phrase": [(r"\n", "merged_with_previous"), (r' "|\{"', "merged_with_next")],
-    "wordruns": [(r"(?<![A-Za-z0-9_'])[a-z_][a-z_']*(?: [a-z_][a-z_']*)*|[A-Z][A-Za-z']*", "isolated")],
-}
+# Pre-tokenizer splits (BPE never merges across a split): only at line ends and before each ' "' / '{"', so BPE
+# learns whole keys and phrases ('"need_index": ', 'name of the ') and prompts stay short.
+PRETOKENIZER_SPLITS = [(r"\n", "merged_with_previous"), (r' "|\{"', "merged_with_next")]
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, pretokenizer: str = "phrase"):
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096):
     """Byte-level BPE trained on `texts`, wrapped as a transformers fast tokenizer with the ChatML template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if pretokenizer not in PRETOKENIZER_SPLITS:
-        raise ValueError(f"pretokenizer {pretokenizer!r}: expected one of {sorted(PRETOKENIZER_SPLITS)}")
     tok = Tokenizer(models.BPE())
     # Planner prompts are indented JSON. GPT-2's regex pre-split ('"', 'need', '_', 'index', '":') costs ~4x more
-    # tokens than "phrase"; digits stay single either way.
+    # tokens than these splits; digits stay single either way.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(rx), behavior=b) for rx, b in PRETOKENIZER_SPLITS[pretokenizer]]
+        [pre_tokenizers.Split(Regex(rx), behavior=b) for rx, b in PRETOKENIZER_SPLITS]
         + [
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
@@ -161,7 +147,6 @@ def build_tiny_model(
     head_dim: int = 32,
     intermediate_size: int = 384,
     max_position_embeddings: int = 4096,
-    pretokenizer: str = "phrase",
 ) -> Path:
     """Train the tokenizer, build a random Qwen3ForCausalLM (weights deterministic by `seed`), save both to out_dir."""
     import torch
@@ -170,7 +155,7 @@ def build_tiny_model(
     out = Path(out_dir)
     t0 = time.time()
     texts = default_texts(seed) if texts is None else texts
-    tok = train_tokenizer(texts, vocab_size=vocab_size, pretokenizer=pretokenizer)
+    tok = train_tokenizer(texts, vocab_size=vocab_size)
     cfg = Qwen3Config(
         vocab_size=len(tok),
         hidden_size=hidden_size,
@@ -198,11 +183,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True, help="output directory (save_pretrained layout)")
     ap.add_argument("--seed", type=int, default=0, help="weight init seed (and world seed of the tokenizer text)")
     ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--pretokenizer", choices=sorted(PRETOKENIZER_SPLITS), default="phrase")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.time()
-    path = build_tiny_model(a.out, seed=a.seed, vocab_size=a.vocab_size, pretokenizer=a.pretokenizer)
+    path = build_tiny_model(a.out, seed=a.seed, vocab_size=a.vocab_size)
     print(f"tiny model written to {path} in {time.time() - t0:.1f}s")
 
 

@@ -40,6 +40,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 from collect.harvest import message_features, template_messages
 from sft.lm_head import compact_lm_head_on_cpu
 from sft.segment_cache import segment_cached
+from sft.tiny import build_tiny_model
 
 logger = logging.getLogger(__name__)
 
@@ -58,21 +59,9 @@ class SFTScriptArguments:
         metadata={"help": "if model_name_or_path does not exist, build the tiny offline model into OUTPUT_DIR/base"},
     )
     tiny_seed: int = field(default=0, metadata={"help": "seed of the tiny model's weights (build_tiny only)"})
-    tiny_pretokenizer: str = field(
-        default="phrase",
-        metadata={"help": "the tiny tokenizer's pre-tokenizer, phrase or wordruns (sft.tiny.PRETOKENIZER_SPLITS)"},
-    )
     kinds: str = field(
         default="decision,need_parse",
         metadata={"help": "comma-separated row kinds to train on: decision (planner actions), need_parse"},
-    )
-    rename_copies: int = field(
-        default=0,
-        metadata={
-            "help": "embedded world only: add this many renamed copies of each train row, every invented name "
-            "replaced consistently by another (sft/augment.py), so only copying from the prompt predicts a name; "
-            "seeded by --seed; 0 = off"
-        },
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "cap on train rows (smoke runs)"})
     max_eval_samples: int | None = field(default=None, metadata={"help": "cap on eval rows"})
@@ -129,7 +118,7 @@ def load_model(path: str, dtype: torch.dtype, model_args: ModelConfig, script_ar
     raise ValueError(f"model_class must be causal_lm or qwen3_omni_thinker, got {script_args.model_class!r}")
 
 
-def load_sft_dataset(script_args: SFTScriptArguments, seed: int = 0) -> DatasetDict:
+def load_sft_dataset(script_args: SFTScriptArguments) -> DatasetDict:
     """The harvested rows reduced to TRL's prompt-completion columns (+ tools), filtered by kind.
 
     Messages are JSON-typed in Arrow (collect.harvest.message_features) so each tool call keeps exactly its own
@@ -141,7 +130,7 @@ def load_sft_dataset(script_args: SFTScriptArguments, seed: int = 0) -> DatasetD
         raise FileNotFoundError(f"dataset_dir {script_args.dataset_dir!r} does not exist: run collect.harvest first")
     ds = load_from_disk(script_args.dataset_dir)
     kinds = {k.strip() for k in script_args.kinds.split(",") if k.strip()}
-    out, digests = {}, {}
+    out, digests, task_ids = {}, {}, []
     for split, cap in (("train", script_args.max_train_samples), ("eval", script_args.max_eval_samples)):
         if split not in ds or len(ds[split]) == 0:
             continue
@@ -153,10 +142,6 @@ def load_sft_dataset(script_args: SFTScriptArguments, seed: int = 0) -> DatasetD
             for r in d.select_columns(SFT_COLUMNS)
             for t in [r["tools"]]
         ]
-        if split == "train" and script_args.rename_copies:
-            from sft.augment import renamed_copies
-
-            rows += renamed_copies(rows, script_args.rename_copies, seed)
         features = {"prompt": message_features(), "completion": message_features(), "tools": Value("string")}
         if script_args.chat_template_kwargs:
             kwargs = json.loads(script_args.chat_template_kwargs)
@@ -166,10 +151,13 @@ def load_sft_dataset(script_args: SFTScriptArguments, seed: int = 0) -> DatasetD
             features["chat_template_kwargs"] = message_features().feature
         out[split] = Dataset.from_list(rows, features=Features(features))
         digests[split] = rows_sha256(rows)
+        if split == "train" and "task_id" in d.column_names:
+            task_ids = sorted(set(d["task_id"]))
     if not out.get("train") or len(out["train"]) == 0:
         raise ValueError(f"{script_args.dataset_dir}: no train rows of kinds {sorted(kinds)}")
     result = DatasetDict(out)
     result.rows_sha256 = digests  # what the trainer reads, for train_summary.json's "inputs"
+    result.task_ids = task_ids  # the tasks its train rows come from, for train_summary.json (pipeline.eval checks)
     return result
 
 
@@ -389,15 +377,13 @@ def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, mod
     if model_path is None or not Path(model_path).exists():
         if not script_args.build_tiny:
             raise FileNotFoundError(f"model_name_or_path {model_path!r} does not exist and build_tiny is false")
-        from sft.tiny import build_tiny_model
-
         model_path = str(out / "base")
         if not (Path(model_path) / "config.json").exists():
-            build_tiny_model(model_path, seed=script_args.tiny_seed, pretokenizer=script_args.tiny_pretokenizer)
+            build_tiny_model(model_path, seed=script_args.tiny_seed)
         model_args.model_name_or_path = model_path
 
     # -- data and model
-    dataset = load_sft_dataset(script_args, seed=training_args.seed)
+    dataset = load_sft_dataset(script_args)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = load_model(model_path, dtype, model_args, script_args)
     if "eval" not in dataset:
@@ -460,6 +446,8 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
         "lora_modules": lora_modules,  # where LoRA landed (training module names)
         "dataset_dir": script_args.dataset_dir,
         "train_rows": len(dataset["train"]),
+        # the tasks the train rows come from: pipeline.eval warns when a planner is scored on one of them
+        "trained_task_ids": getattr(dataset, "task_ids", []),
         "eval_rows": len(dataset["eval"]) if "eval" in dataset else 0,
         "steps": trainer.state.global_step,
         "train_time_s": round(train_time, 2),

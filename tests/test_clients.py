@@ -6,7 +6,6 @@ marker, so they are served from the "default" queue)."""
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import re
@@ -80,47 +79,6 @@ def test_the_chat_client_is_the_only_openai_client_built_outside_tests():
         for p in (ROOT / pkg).rglob("*.py"):
             found += [f"{p.relative_to(ROOT)}" for line in p.read_text().splitlines() if _CONSTRUCTION.search(line)]
     assert found == ["collect/llm.py"], found
-
-
-def _import_edges() -> set[tuple[str, str]]:
-    """Every import between modules of collect/ and rewards/: module level, TYPE_CHECKING and inside functions."""
-    mods = {}
-    for pkg in ("collect", "rewards"):
-        for p in (ROOT / pkg).rglob("*.py"):
-            parts = p.relative_to(ROOT).with_suffix("").parts
-            mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
-    edges = set()
-    for name, p in mods.items():
-        for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            edges |= {(name, t) for t in targets if t in mods and t != name}
-    return edges
-
-
-def test_collect_import_graph_has_no_cycle_even_counting_type_checking_and_lazy_imports():
-    edges = _import_edges()
-    graph: dict[str, set[str]] = {}
-    for a, b in edges:
-        graph.setdefault(a, set()).add(b)
-    state: dict[str, int] = {}
-
-    def visit(u, path):
-        state[u] = 1
-        for v in sorted(graph.get(u, ())):
-            assert state.get(v) != 1, "import cycle: " + " -> ".join([*path, v])
-            if v not in state:
-                visit(v, [*path, v])
-        state[u] = 2
-
-    for u in sorted(graph):
-        if u not in state:
-            visit(u, [u])
-    assert ("collect.roles.base", "collect.llm") in edges  # Usage lives with the client now
 
 
 def test_chat_client_module_is_a_leaf_and_the_old_cycle_members_import_first():

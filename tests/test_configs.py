@@ -6,7 +6,7 @@ import pytest
 
 from collect.config import load_config
 from collect.tools import ToolsConfig
-from serve.eval import load_eval_config
+from pipeline.eval import load_eval_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,10 +29,10 @@ def test_eval_recipes_parse_and_point_at_existing_bases(path, monkeypatch):
 @pytest.mark.parametrize("path", sorted((ROOT / "configs/onpolicy").glob("*.yaml")), ids=lambda p: p.name)
 def test_onpolicy_recipes_parse_with_their_stage_overrides(path, monkeypatch, tmp_path):
     """An on-policy recipe names a collect, an SFT and an RL recipe and passes sft_args / rl_args to them on the
-    command line (sft.onpolicy._flags): each must exist and each override must be a flag that stage accepts and that
-    lands in its config, or the run fails after its relabel (or silently trains with the recipe's value)."""
+    command line (pipeline.onpolicy._flags): each must exist and each override must be a flag that stage accepts and
+    that lands in its config, or the run fails after its relabel (or silently trains with the recipe's value)."""
+    from pipeline.onpolicy import _flags, load_onpolicy_config
     from rl.train import load_config as load_rl_config
-    from sft.onpolicy import _flags, load_onpolicy_config
     from sft.train import parse_args as parse_sft_args
 
     monkeypatch.chdir(ROOT)

@@ -11,10 +11,12 @@ from html.parser import HTMLParser
 import pytest
 import yaml
 
+from collect.actions import offered_refs
 from collect.config import EndpointConfig, load_config
 from collect.ledger import OUTCOMES
 from collect.run import RunDirError
-from serve.eval import checkpoint_fingerprint, format_table, load_eval_config, parse_planner_arg, run_eval
+from pipeline.eval import format_table, load_eval_config, run_eval
+from pipeline.planners import checkpoint_fingerprint, parse_planner_arg
 
 SUMMARY_KEYS = {
     "n_tasks",
@@ -117,8 +119,8 @@ def test_local_server_planner_swapped_into_runtime_gives_complete_summary_and_re
 
 
 def test_a_served_checkpoints_port_is_not_part_of_the_run_config_hash():
-    """serve.eval and collect.relabel serve a checkpoint on a fresh port each run; the run's config hash (what a rerun
-    checks before resuming an OUT) must follow the checkpoint, while a named endpoint's URL stays part of it."""
+    """pipeline.eval and pipeline.relabel serve a checkpoint on a fresh port each run; the run's config hash (what a
+    rerun checks before resuming an OUT) must follow the checkpoint, while a named endpoint's URL stays part of it."""
     base = load_config("configs/collect/embedded.yaml")
 
     def with_planner(**ep) -> str:
@@ -161,8 +163,8 @@ def test_eval_config_rejects_unknown_keys_and_bad_planners(tmp_path):
 
 
 def test_a_served_checkpoint_takes_per_planner_endpoint_overrides(tmp_path, monkeypatch):
-    import serve.local
-    from serve.eval import planner_endpoint
+    import pipeline.planners
+    from pipeline.planners import planner_endpoint
 
     class FakeServer:
         base_url = "http://127.0.0.1:1/v1"
@@ -176,7 +178,7 @@ def test_a_served_checkpoint_takes_per_planner_endpoint_overrides(tmp_path, monk
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(serve.local, "LocalServer", FakeServer)
+    monkeypatch.setattr(pipeline.planners, "LocalServer", FakeServer)
     defaults = {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2}
     with planner_endpoint({"checkpoint": str(tmp_path), "endpoint": {"max_tokens": 64}}, defaults) as ep:
         assert (ep.max_tokens, ep.timeout_s, ep.base_url) == (64, 120.0, FakeServer.base_url)
@@ -206,26 +208,25 @@ def test_per_planner_runtime_overrides_reach_only_that_planners_cells(tmp_path):
             "split": "test",
             "limit": 1,
             "planners": {
-                "greedy": {"endpoint": ep, "runtime": {"max_steps": 3}},
-                "resampled": {"endpoint": ep, "runtime": {"max_steps": 3, "rejection_temperature": 0.5}},
+                "paper": {"endpoint": ep, "runtime": {"max_steps": 3, "references": []}},
+                "refs": {"endpoint": ep, "runtime": {"max_steps": 2}},
             },
         }
         p.write_text(yaml.safe_dump(cfg))
         summary = run_eval(load_eval_config(str(p)), tmp_path / "out")
-        sent = [(b["temperature"], "seed" in b) for b in srv.role_requests("planner")]
-    assert sent == [(0.0, False)] * 3 + [(0.0, False), (0.5, True), (0.5, True)]  # the cells ran in config order
-    for name, n_sampled in (("greedy", 0), ("resampled", 2)):
+    for name, steps, offered in (("paper", 3, ()), ("refs", 2, ("need", "window", "focus"))):
         cell = summary["cells"][f"{name}__ledger__annotations"]
         assert cell["outcomes"]["budget_exhausted"] == 1 and cell["valid_action_rate"] == 0.0
         cell_dir = tmp_path / "out" / "cells" / f"{name}__ledger__annotations"
         rec = json.loads((cell_dir / "trajectories.jsonl").read_text())
-        assert sum("sampling" in s for s in rec["steps"]) == n_sampled
+        assert len(rec["steps"]) == steps
+        assert {offered_refs(s["planner_input"]["messages"]) for s in rec["steps"]} == {offered}
 
 
 def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
     """Two evals of the same planner name (e.g. one per seed, on two nodes) merged == one eval listing both."""
     from collect.trajectory import read_trajectories
-    from serve.eval import main, merge_evals
+    from pipeline.eval import main, merge_evals
 
     def cfg(planners, split="test"):
         p = tmp_path / f"cfg{len(list(tmp_path.iterdir()))}.yaml"
@@ -263,7 +264,7 @@ def test_merging_evals_run_apart_pools_them_as_one_config_would(tmp_path):
         merge_evals([tmp_path / "a", tmp_path / "dev"], tmp_path / "m2")
     with pytest.raises(FileNotFoundError, match="summary.json"):
         merge_evals([tmp_path / "a", tmp_path / "nowhere"], tmp_path / "m3")
-    with pytest.raises(ValueError, match="not a serve.eval summary"):  # a collect run's OUT, not an eval's
+    with pytest.raises(ValueError, match="not a pipeline.eval summary"):  # a collect run's OUT, not an eval's
         merge_evals([tmp_path / "a", tmp_path / "a" / "cells" / "teacher__ledger__annotations"], tmp_path / "m4")
     with pytest.raises(ValueError, match="one of the inputs"):
         merge_evals([tmp_path / "a", tmp_path / "b"], tmp_path / "b")
@@ -295,7 +296,7 @@ def test_planners_evaluated_in_processes_give_what_one_process_gives(tmp_path):
     """planner_processes: 2 evaluates the planners two at a time in spawned processes: the same cells in config
     order, the same run records (bar call ids and times) and the same pooled figures as one process; a planner that
     fails does not stop the others and is named in the error; bad values are refused."""
-    from serve.eval import main
+    from pipeline.eval import main
     from serve.local import free_port
     from tests.fakes import FakeChatServer, text
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("files") / "out"
-    rc = collect_main(["--out", str(out), "--split", "test", "--limit", "4", "--no-harvest", "--no-progress"])
+    rc = collect_main(["--out", str(out), "--split", "train", "--limit", "4", "--no-harvest", "--no-progress"])
     assert rc == 0
     return out
 
@@ -70,7 +70,7 @@ def test_a_second_writer_on_the_same_out_exits_2(collected, capsys):
     fd = lock_out(collected)  # another collect process holds OUT (flock is per open file: this conflicts too)
     try:
         rc = collect_main(
-            ["--out", str(collected), "--split", "test", "--limit", "6", "--no-harvest", "--no-progress"]
+            ["--out", str(collected), "--split", "train", "--limit", "6", "--no-harvest", "--no-progress"]
         )
     finally:
         unlock_out(fd)
@@ -79,7 +79,7 @@ def test_a_second_writer_on_the_same_out_exits_2(collected, capsys):
 
 
 def test_lock_is_released_so_a_later_run_resumes(collected):
-    rc = collect_main(["--out", str(collected), "--split", "test", "--limit", "4", "--no-harvest", "--no-progress"])
+    rc = collect_main(["--out", str(collected), "--split", "train", "--limit", "4", "--no-harvest", "--no-progress"])
     assert rc == 0
     ids = [json.loads(x)["task_id"] for x in _lines(collected)]
     assert len(ids) == len(set(ids)) == 4
@@ -92,7 +92,7 @@ def test_trajectories_without_a_readable_run_config_are_refused(collected, tmp_p
     (out / "trajectories.jsonl").write_bytes((collected / "trajectories.jsonl").read_bytes())
     if meta is not None:
         (out / "run_config.json").write_text(meta)
-    rc = collect_main(["--out", str(out), "--split", "test", "--limit", "4", "--no-harvest", "--no-progress"])
+    rc = collect_main(["--out", str(out), "--split", "train", "--limit", "4", "--no-harvest", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == 2 and "run_config.json" in err and "Traceback" not in err  # before: mixed in, or a traceback
     assert _lines(out) == _lines(collected)

@@ -1,11 +1,11 @@
-"""Focus references (RuntimeConfig.focus_refs): "{focus:K}" in a query stands for need K's query_focus, so a planner
-names what to search for by index instead of copying the phrase (the tuned window-reference planners' remaining
-failures are second web searches with another need's phrase or a training task's: docs/training.md "Focus
+"""Focus references (RuntimeConfig.references "focus"): "{focus:K}" in a query stands for need K's query_focus, so a
+planner names what to search for by index instead of copying the phrase (the tuned window-reference planners'
+remaining failures are second web searches with another need's phrase or a training task's: docs/training.md "Focus
 references").
 
 Checked on the resolver (one pass with value references; hostile values), on the real loop (the shipped recipe with
-the option on, the offline teacher), harvest, relabelling and the rewards, and on a scripted OpenAI-compatible planner
-over loopback, against the same runs with the option off."""
+the option on, the offline teacher), harvest, relabelling and the rewards, and on a scripted OpenAI-compatible
+planner over loopback, against the same runs with the option off."""
 
 from __future__ import annotations
 
@@ -15,18 +15,18 @@ import json
 import pytest
 
 from collect.actions import (
-    FOCUS_REFS_RULE,
+    REFERENCE_KINDS,
+    REFERENCE_RULES,
     Action,
     ActionError,
     focus_formula,
     offered_refs,
-    offers_focus_refs,
+    reference_kinds,
     resolve_text_refs,
-    resolve_value_refs,
     write_focus_refs,
     write_value_refs,
 )
-from collect.config import load_config
+from collect.config import ConfigError, RuntimeConfig, load_config
 from collect.loop import ToolFailure
 from collect.world.compute import program
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
@@ -40,6 +40,7 @@ from tests.helpers.teacher_collect import (
 )
 
 N_TASKS = 30
+FOCUS_REFS_RULE = REFERENCE_RULES["focus"]
 FOCUSES = {
     0: "name of the museum between 50 s and 65 s",
     1: "number of exhibition halls",
@@ -59,7 +60,6 @@ def test_a_focus_reference_becomes_the_needs_focus_in_the_same_pass_as_a_value_r
     # not offered: literal text, left for the tool (and the judge) to see as written
     assert resolve_text_refs(a, VALUES, None).arguments["query"] == "Selessmere Museum of Crafts {focus:1}"
     assert resolve_text_refs(a, None, FOCUSES).arguments["query"] == "{need:0} number of exhibition halls"
-    assert resolve_value_refs(a, VALUES) == resolve_text_refs(a, VALUES, None)
 
 
 def test_in_code_a_focus_reference_is_the_formula_of_a_computation_need():
@@ -108,15 +108,25 @@ def test_the_teacher_writes_its_target_needs_focus_after_the_values_and_it_resol
 
 def test_the_prompt_says_which_references_it_offers():
     msgs = [{"role": "system", "content": "rules\n" + FOCUS_REFS_RULE}, {"role": "user", "content": "q"}]
-    assert offered_refs(msgs) == {"value_refs": False, "window_refs": False, "focus_refs": True}
-    assert offers_focus_refs("<|im_start|>system\nrules\n" + FOCUS_REFS_RULE.strip() + "<|im_end|>")
-    assert not offers_focus_refs([{"role": "user", "content": FOCUS_REFS_RULE}])  # only the system prompt offers
+    assert offered_refs(msgs) == ("focus",)
+    assert offered_refs("<|im_start|>system\nrules\n" + FOCUS_REFS_RULE.strip() + "<|im_end|>") == ("focus",)
+    assert offered_refs([{"role": "user", "content": FOCUS_REFS_RULE}]) == ()  # only the system prompt offers
+    everything = "rules\n" + "".join(REFERENCE_RULES[k] for k in REFERENCE_KINDS)
+    assert offered_refs([{"role": "system", "content": everything}]) == REFERENCE_KINDS
 
 
-def test_the_shipped_recipes_turn_it_on_and_the_defaults_leave_it_off():
-    on = load_config(ROOT / "configs/collect/embedded_1800_focus.yaml", {})
-    assert on.runtime.focus_refs and on.runtime.value_refs and on.runtime.window_refs
-    assert not load_config(ROOT / "configs/collect/embedded_1800_windows.yaml", {}).runtime.focus_refs
+def test_references_are_one_key_with_every_kind_on_by_default_and_the_papers_runtime_as_the_empty_list(tmp_path):
+    assert RuntimeConfig().references == REFERENCE_KINDS == ("need", "window", "focus")
+    assert load_config(ROOT / "configs/collect/embedded_1800.yaml", {}).runtime.references == REFERENCE_KINDS
+    assert load_config(ROOT / "configs/collect/omnigaia_api.yaml", {}).runtime.references == ()
+    assert reference_kinds(["focus", "need", "focus"]) == ("need", "focus")  # the prompt's order, each once
+    p = tmp_path / "r.yaml"
+    p.write_text("runtime: {references: [need, focuss]}\n")
+    with pytest.raises(ConfigError, match=r"r.yaml: .*unknown reference kind 'focuss'.*did you mean 'focus'"):
+        load_config(p)
+    p.write_text("runtime: {references: need}\n")
+    with pytest.raises(ConfigError, match=r"runtime.references: expected a list of strings"):
+        load_config(p)
 
 
 # ---- the real loop, the offline teacher, harvest, relabelling, rewards ---------------------------------------------
@@ -125,13 +135,13 @@ def test_the_shipped_recipes_turn_it_on_and_the_defaults_leave_it_off():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("frefs")
-    on = collect_refs(d / "on", N_TASKS, window_refs=True, focus_refs=True)
-    return on, collect_refs(d / "off", N_TASKS, window_refs=True)
+    on = collect_refs(d / "on", N_TASKS, REFERENCE_KINDS)
+    return on, collect_refs(d / "off", N_TASKS, ("need", "window"))
 
 
 def test_the_teacher_names_focuses_and_the_tools_get_the_same_queries(runs):
     (on, on_dir), (off, _) = runs
-    written = same_calls_with_and_without(on, off, offers_focus_refs, "{focus:")
+    written = same_calls_with_and_without(on, off, "focus", "{focus:")
     assert written >= N_TASKS  # every task searches at least once
     programs = [s["action"] for t in on for s in t["steps"] if (s["action"] or {}).get("name") == "code_executor"]
     assert programs and all("print(fmt({focus:" in p["arguments"]["code"] for p in programs)
@@ -186,7 +196,7 @@ def test_a_planners_reference_reaches_the_tool_as_the_focus_and_a_dangling_one_i
         srv.script("finalizer", text("1999"))
         srv.script("answer_critic", answer_critic(True))
         tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] ACME")
-        rec = run(srv, r0=R0, toolbox=tb, value_refs=True, focus_refs=True)
+        rec = run(srv, r0=R0, toolbox=tb, references=("need", "focus"))
     assert rec["outcome"] == "accepted"
     assert tb.calls[0] == ("subtitle_grounding", {"asset_id": "v1", "query": "banner sign", "need_index": 0})
     rejected = rec["steps"][1]

@@ -16,7 +16,7 @@ from collect.loaders import load_omnigaia
 from collect.run import MISSING_MEDIA_SHOWN, missing_media
 from collect.tasks import AssetSpec, Task, Tracks
 from collect.tools import ToolsConfig
-from serve.report import render_report
+from pipeline.report import render_report
 
 ROOT = Path(__file__).resolve().parents[1]
 OMNIGAIA = ROOT / "data/omnigaia/test_metadata.json"

@@ -1,6 +1,7 @@
-"""On-policy relabelling (collect.relabel, sft.onpolicy): a scripted student planner (loopback fake server) runs the
-real runtime over two train tasks; every state it reached becomes a row labelled by the offline teacher, in harvest's
-row format, never from a test-split task; the aggregate dedupes prompts; rl.train reads the on-policy states."""
+"""On-policy relabelling (pipeline.relabel, pipeline.onpolicy): a scripted student planner (loopback fake server) runs
+the real runtime over two train tasks; every state it reached becomes a row labelled by the offline teacher, in
+harvest's row format, never from a test-split task; the aggregate dedupes prompts; rl.train reads the on-policy
+states."""
 
 from __future__ import annotations
 
@@ -11,21 +12,22 @@ from pathlib import Path
 
 import pytest
 
+from collect.actions import offered_refs
 from collect.config import load_config
 from collect.harvest import harvest
 from collect.ledger import ledger_from_dict
-from collect.relabel import (
+from collect.run import run_collection
+from collect.teacher import TeacherPlanner
+from collect.trajectory import read_trajectories
+from pipeline.relabel import (
     TestSplitError,
     aggregate,
     check_split,
-    load_state_pool,
     r0_from_dict,
     relabel_trajectories,
     run_relabel,
 )
-from collect.run import run_collection
-from collect.teacher import TeacherPlanner
-from collect.trajectory import read_trajectories
+from rl.train import load_state_pool
 from tests.fakes import FakeChatServer, text, tool_call
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +81,10 @@ def test_rows_are_the_students_states_labelled_by_the_teacher(relabelled):
         traj, st = steps[(srow["task_id"], srow["step"])]
         assert srow["prompt"] == st["planner_input"]["messages"] == rrow["prompt"]  # the student's state, unchanged
         assert json.loads(rrow["ledger"]) == st["ledger_before"]
-        want = teacher.choose(r0_from_dict(traj["r0"]), ledger_from_dict(st["ledger_before"]), rrow["tool_names"])
+        refs = offered_refs(st["planner_input"]["messages"])  # what the student's prompt offered (the default: all)
+        assert refs == ("need", "window", "focus")
+        r0, ledger = r0_from_dict(traj["r0"]), ledger_from_dict(st["ledger_before"])
+        want = teacher.choose(r0, ledger, rrow["tool_names"], refs)
         assert json.loads(rrow["reference_action"]) == want.to_dict()  # the label is the teacher's
         call = srow["completion"][0]["tool_calls"][0]["function"]
         assert (call["name"], call["arguments"]) == (want.name, want.arguments)  # arguments as a mapping
@@ -135,8 +140,8 @@ def test_test_split_is_refused_before_anything_runs(tmp_path, relabelled):
     ids = {r["task_id"] for r in read_trajectories(d / "round1/collect/trajectories.jsonl")}
     with pytest.raises(TestSplitError, match="refusing"):
         relabel_trajectories(d / "round1/collect/trajectories.jsonl", 1, forbidden_ids={sorted(ids)[0]})
-    from collect.relabel import main
-    from sft.onpolicy import OnPolicyConfig
+    from pipeline.onpolicy import OnPolicyConfig
+    from pipeline.relabel import main
 
     assert main(["--planner", "offline", "--out", str(tmp_path / "cli"), "--split", "test"]) == 2
     with pytest.raises(TestSplitError):
@@ -172,7 +177,7 @@ def test_a_checkpoint_student_run_in_task_shards_gives_what_one_process_gives(tm
 
 
 def test_onpolicy_recipe_parses_and_rejects_unknown_keys(tmp_path):
-    from sft.onpolicy import load_onpolicy_config
+    from pipeline.onpolicy import load_onpolicy_config
 
     cfg = load_onpolicy_config(str(ROOT / "configs/onpolicy/tiny.yaml"), {"rounds": 3})
     assert cfg.rounds == 3 and cfg.split == "train" and Path(ROOT / cfg.sft_config).exists()
@@ -239,7 +244,7 @@ def test_rl_reads_onpolicy_states_from_several_dirs(relabelled, tmp_path):
 
 
 def test_eval_seed_lists_expand_to_one_planner_per_checkpoint(tmp_path):
-    from serve.eval import EvalConfig
+    from pipeline.eval import EvalConfig
 
     cfg = EvalConfig(planners={"t": "offline", "sft": {"checkpoint": ["a", "b"], "endpoint": {"max_tokens": 8}}})
     assert cfg.planners == {
@@ -257,11 +262,11 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
     seed, one pooled row with a Wilson interval over all 4 task runs, answerable / unanswerable figures, held-out
     scores per checkpoint (rl.score replaced by a stub here: the real scorer is tested in test_rl.py)."""
 
-    import rl.score
-    import serve.local
-    import serve.report
+    import pipeline.eval
+    import pipeline.planners
+    import pipeline.report
     from collect.summary import wilson
-    from serve.eval import load_eval_config, run_eval
+    from pipeline.eval import load_eval_config, run_eval
 
     with FakeChatServer() as srv:
         srv.default("planner", tool_call("finish", {"answer": "insufficient"}))
@@ -279,7 +284,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
             def __exit__(self, *exc):
                 return False
 
-        monkeypatch.setattr(serve.local, "LocalServer", Served)
+        monkeypatch.setattr(pipeline.planners, "LocalServer", Served)
         scored = []
 
         def fake_score(dataset_dir, model, split="eval", n=64, config=None, **kw):
@@ -289,7 +294,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
                 "compute": 0.5 if s0 else 0.25  # the greedy program right (rewards.execution), pooled over seeds
             }
 
-        monkeypatch.setattr(rl.score, "score", fake_score)
+        monkeypatch.setattr(pipeline.eval, "score", fake_score)
         for s in ("s0", "s1"):
             (tmp_path / s).mkdir()
         p = tmp_path / "e.yaml"
@@ -334,7 +339,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
     una = [r for r in una if r["task_meta"]["answer_type"] == "unanswerable"]
     assert sft["unanswerable"]["declared_insufficient"] == sum(r["outcome"] == "insufficient" for r in una)
     assert json.loads((tmp_path / "out/summary.json").read_text())["planners"] == pooled
-    from serve.eval import format_planners
+    from pipeline.eval import format_planners
 
     assert "sft__ledger__annotations" in format_planners(summary) and "75.0%" in format_planners(summary)
 
@@ -351,16 +356,16 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
         "teacher": {"planner_prompt_tokens_by_step": {"1": 0, "2": 0}},
         "sft": {"planner_prompt_tokens_by_step": {"1": 500, "2": 650}},
     }
-    page = serve.report.render_report("t", cells_t, {"teacher": [], "sft": []})
+    page = pipeline.report.render_report("t", cells_t, {"teacher": [], "sft": []})
 
     assert page.count("<polyline") == 1  # only the planner with token counts is drawn
     assert "left out (no token counts): teacher" in page
 
 
 def test_measurement_eval_config_has_two_seeds_per_trained_planner_on_the_full_test_split():
-    from serve.eval import load_eval_config
+    from pipeline.eval import load_eval_config
 
-    cfg = load_eval_config(str(ROOT / "configs/eval/onpolicy.yaml"))
+    cfg = load_eval_config(str(ROOT / "configs/eval/measure.yaml"))
     assert cfg.split == "test" and cfg.limit is None and cfg.heldout["dataset_dir"]
     fams = Counter(n.split("@")[0] for n in cfg.planners)
     assert fams == {
@@ -376,8 +381,7 @@ def test_onpolicy_rounds_pass_seed_and_teacher_data_and_resume_finished_rounds(t
     """The orchestration alone (relabel, aggregate and the training subprocesses replaced by recorders): `--seed`
     reaches every SFT round and GRPO, `--teacher-data` reaches the aggregate, and a rerun after a crash in round 2
     keeps round 1 instead of relabelling and training it again."""
-    import collect.relabel
-    import sft.onpolicy as op
+    import pipeline.onpolicy as op
 
     calls: list = []
     crash = {"on_round": 2}
@@ -398,8 +402,8 @@ def test_onpolicy_rounds_pass_seed_and_teacher_data_and_resume_finished_rounds(t
         (out / "merged").mkdir(parents=True, exist_ok=True)
         return 0.0
 
-    monkeypatch.setattr(collect.relabel, "run_relabel", fake_relabel)
-    monkeypatch.setattr(collect.relabel, "aggregate", fake_aggregate)
+    monkeypatch.setattr(op, "run_relabel", fake_relabel)
+    monkeypatch.setattr(op, "aggregate", fake_aggregate)
     monkeypatch.setattr(op, "_stage", fake_stage)
     start = tmp_path / "sft0"
     start.mkdir()
@@ -420,9 +424,9 @@ def test_onpolicy_rounds_pass_seed_and_teacher_data_and_resume_finished_rounds(t
     # final_sft names the last round's planner, and it is the path the measurement eval config reads
     op_dir = tmp_path / "op"
     assert (op_dir / "final_sft").resolve() == (op_dir / "round2" / "sft" / "merged").resolve()
-    from serve.eval import load_eval_config
+    from pipeline.eval import load_eval_config
 
-    ckpt = load_eval_config(str(ROOT / "configs/eval/onpolicy.yaml")).planners["tiny-sft-onpolicy@0"]["checkpoint"]
+    ckpt = load_eval_config(str(ROOT / "configs/eval/measure.yaml")).planners["tiny-sft-onpolicy@0"]["checkpoint"]
     assert (op_dir / Path(ckpt).relative_to("runs/measure/onpolicy-s0")).is_dir()
     # one round: final_sft follows it (the copying recipe has rounds: 1)
     argv1 = [a if a != str(tmp_path / "op") else str(tmp_path / "op1") for a in argv]

@@ -171,16 +171,19 @@ def _generate(model, tok) -> torch.Tensor:
     return out[0, ids["input_ids"].shape[1] :]
 
 
+ALL_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]
+
+
 @pytest.mark.parametrize(
-    "recipe,expected",
+    "targets,expected",
     [
-        # attention-only (the paper's recipe): q/k/v/o of the one full-attention layer
-        ("configs/sft/qwen3_5_27b.yaml", {"full_attention": 4, "linear_attention": 0}),
-        # every layer: + in_proj_qkv/z/b/a and out_proj of each linear-attention layer
-        ("configs/sft/qwen3_5_27b_all_layers.yaml", {"full_attention": 4, "linear_attention": 15}),
+        # attention-only (the paper's recipe as written): q/k/v/o of the one full-attention layer
+        ([], {"full_attention": 4, "linear_attention": 0}),
+        # every layer (the recipe's documented variant): + in_proj_qkv/z/b/a and out_proj of each linear layer
+        (["--lora_target_modules", *ALL_LAYERS], {"full_attention": 4, "linear_attention": 15}),
     ],
 )
-def test_qwen3_5_recipe_lora_step_merge_reload_generate_in_the_layout_vllm_loads(data, tmp_path, recipe, expected):
+def test_qwen3_5_recipe_lora_step_merge_reload_generate_in_the_layout_vllm_loads(data, tmp_path, targets, expected):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3_5ForConditionalGeneration
 
@@ -188,7 +191,7 @@ def test_qwen3_5_recipe_lora_step_merge_reload_generate_in_the_layout_vllm_loads
     base = _tiny_qwen3_5(tmp_path / "base", tok)
     layer_types = json.loads((base / "config.json").read_text())["text_config"]["layer_types"]
     out = tmp_path / "out"
-    summary = _run(recipe, base, d, out)
+    summary = _run("configs/sft/qwen3_5_27b.yaml", base, d, out, *targets)
 
     # -- where LoRA landed (training names: Qwen3_5ForCausalLM = model.layers.N...)
     per_type = {"full_attention": 0, "linear_attention": 0}

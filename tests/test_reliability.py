@@ -258,7 +258,7 @@ def test_api_key_is_used_but_appears_in_no_trajectory_summary_report_or_log(tmp_
     assert r.returncode == 0, r.stderr[-2000:]
     auth = [h for h in srv.auth_headers[seen_before:] if h]
     assert auth and all(secret in h for h in auth), "the key must reach the endpoint"
-    from serve.report import write_report
+    from pipeline.report import write_report
 
     recs = lines(out / "trajectories.jsonl")
     write_report(out / "report.html", "t", {"c": json.loads((out / "summary.json").read_text())}, {"c": recs})

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from collect.actions import VALUE_REFS_RULE, Action, write_value_refs
+import rewards.execution
+from collect.actions import REFERENCE_RULES, Action, write_value_refs
 from rewards import REWARD_FUNCS, score_components, total, trainer_reward_funcs, weights_list
 from rewards.execution import ExecutionCheck, compute, use_execution_check
 from rewards.judge import OfflineJudge, align, use_judge
@@ -101,7 +102,7 @@ def test_a_program_written_with_value_references_is_resolved_as_the_runtime_reso
     refd = write_value_refs(Action("code_executor", ref(row)["arguments"]), values)
     assert "{need:" in refd.arguments["code"] and refd != Action("code_executor", ref(row)["arguments"])
     c = cols(row, 1)
-    offered = {**c, "prompts": [f"<|im_start|>system\n{VALUE_REFS_RULE}<|im_end|>"]}
+    offered = {**c, "prompts": [f"<|im_start|>system\n{REFERENCE_RULES['need']}<|im_end|>"]}
     assert run(compute([refd.to_text()], **offered)) == [1.0]
     # where the prompt does not offer references, "{need:K}" is literal text: Python refuses it
     assert run(compute([refd.to_text()], **c)) == [0.0]
@@ -116,7 +117,7 @@ def test_a_sandbox_that_cannot_run_is_a_skip_counted_not_a_zero(code_state, chec
     async def broken(code, **kw):
         raise ce.SandboxSetupError("no namespaces here")
 
-    monkeypatch.setattr(ce, "run_code_async", broken)
+    monkeypatch.setattr(rewards.execution, "run_code_async", broken)
     row, _ = code_state
     assert run(compute([code_call(row, _code(row))], **cols(row, 1))) == [None]
     assert check.stats["sandbox_errors"] == 1 and "compute reward skipped" in caplog.text
@@ -141,7 +142,7 @@ def test_weights_name_the_fifth_reward_and_a_zero_weight_runs_no_program(code_st
         calls.append(code)
         return await real(code, **kw)
 
-    monkeypatch.setattr(ce, "run_code_async", counting)
+    monkeypatch.setattr(rewards.execution, "run_code_async", counting)
     off = trainer_reward_funcs(named_weights(None))[-1]
     assert off.__name__ == "compute" and off is not compute
     assert off([code_call(row, _code(row))], **cols(row, 1)) == [None] and calls == []

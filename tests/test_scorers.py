@@ -477,7 +477,7 @@ def test_run_judge_call_site_modes_and_unjudged():
 
 def test_summary_and_report_show_mode_and_unjudged():
     from collect.summary import summarize
-    from serve.report import render_report
+    from pipeline.report import render_report
 
     recs = [
         {"task_id": "a", "correct": True, "judge": {"method": "em", "mode": "official"}},

@@ -20,8 +20,8 @@ HARVEST_FILES = ("sft.train.jsonl", "sft.eval.jsonl", "rl_states.train.jsonl", "
 
 
 def teacher_cfg(**over) -> CollectConfig:
-    """The embedded test split, every role the offline teacher (no endpoint)."""
-    over = {"split": "test", "limit": LIMIT, "progress": False, **over}
+    """The embedded train split (harvested: training rows), every role the offline teacher (no endpoint)."""
+    over = {"split": "train", "limit": LIMIT, "progress": False, **over}
     return load_config(ROOT / "configs/collect/embedded.yaml", over)
 
 

@@ -7,7 +7,7 @@ import tomllib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ["collect", "sft", "rl", "rewards", "serve"]
+PACKAGES = ["collect", "sft", "rl", "rewards", "serve", "pipeline"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

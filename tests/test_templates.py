@@ -16,7 +16,7 @@ import pytest
 from datasets import load_from_disk
 
 from collect import teacher_runs
-from collect.actions import WINDOW_REFS_RULE
+from collect.actions import REFERENCE_RULES
 from collect.harvest import harvest, template_messages
 from sft.tiny import build_tiny_model
 from sft.train import build_trainer, parse_args
@@ -267,31 +267,6 @@ def test_trl_labels_are_exactly_the_rendered_action_for_every_row_kind(env, case
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_grpo_reference_candidate_is_exactly_the_sft_label_of_the_same_state(env, case, tmp_path):
-    """rl.train's reference-guided groups put the state's recorded decision among the G candidates; it must be the
-    token sequence state-SFT trained on for that state (TRL's labels for the SFT row harvested with it, up to the
-    end-of-sequence token where sampling stops), under each real template, with the recipe's chat_template_kwargs,
-    including the row whose prompt replays a wire-form call."""
-    from rl.train import GUIDE_COLUMN, add_reference_completions
-
-    _, _, ds, _ = env
-    trainer, tok, kwargs, rows, states = _decision_states(env, case, tmp_path)
-    guided = add_reference_completions(states, tok, kwargs)
-    batch = trainer.data_collator([trainer.train_dataset[i] for i in rows])
-    names = set()
-    for j, i in enumerate(rows):
-        ids, labels = batch["input_ids"][j], batch["labels"][j]
-        label = ids[labels != -100].tolist()
-        # generation stops at the end-of-sequence token; the template's newline after it is never sampled
-        stop = label.index(tok.eos_token_id) + 1
-        assert guided[j][GUIDE_COLUMN] == label[:stop], (case, ds[i]["task_id"], ds[i]["step"])
-        assert len(label) - stop <= 1  # at most the newline the real templates put after <|im_end|>
-        names.add(json.loads(guided[j]["reference_action"])["name"])
-    assert {"web_search", "code_executor", "finish", "frame_confirm", "audio_scout"} <= names
-    assert any(len(p) > 2 for p in states["prompt"])  # the replayed call
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
 def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_path):
     """rl.train's pre-rendered GRPO prompt of a recorded state must be the text state-SFT trained that state's action
     after (everything before TRL's first label), under each real template and the recipe's chat_template_kwargs,
@@ -310,13 +285,13 @@ def test_grpo_prompt_is_exactly_the_sft_prompt_of_the_same_state(env, case, tmp_
 
 @pytest.fixture(scope="module")
 def window_data(tmp_path_factory):
-    """Teacher runs with window references on (the recipe of configs/collect/embedded_1800_windows.yaml), harvested as
+    """Teacher runs offering need and window references (configs/collect/embedded_1800.yaml), harvested as
     `make collect` does: decision rows whose time_range is the string "{window:K}" beside rows without one, in one
     Arrow dataset."""
     from tests.helpers.teacher_collect import collect_refs
 
     d = tmp_path_factory.mktemp("template-windows")
-    _, out = collect_refs(d / "collect", 30, window_refs=True)
+    _, out = collect_refs(d / "collect", 30, ("need", "window"))
     harvest(out / "trajectories.jsonl", d / "data", eval_share=0.0)
     return d / "data"
 
@@ -347,4 +322,4 @@ def test_trl_labels_of_window_reference_rows_are_the_rendered_reference(env, win
         assert f["arguments"]["time_range"] in label
         first = int((labels != -100).nonzero().flatten()[0])
         prompt = tok.decode(ids[:first])
-        assert WINDOW_REFS_RULE.strip() in prompt  # the rule that offers references is in the system prompt
+        assert REFERENCE_RULES["window"].strip() in prompt  # the rule that offers references is in the system prompt

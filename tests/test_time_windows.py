@@ -1,6 +1,6 @@
 """collect.summary.window_stats: does a planner pass the time window its need names ("between 35 s and 50 s") as the
 perception call's time_range? Measured on the teacher's recorded runs and on a scripted planner run through the real
-loop; the pooled eval figure is what serve.eval prints and reports."""
+loop; the pooled eval figure is what pipeline.eval prints and reports."""
 
 from __future__ import annotations
 

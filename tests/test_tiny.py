@@ -115,8 +115,8 @@ def test_decision_budgets_cover_the_teachers_longest_action(tok, monkeypatch):
     from pathlib import Path
 
     from collect.world.compute import program
+    from pipeline.eval import EvalConfig, load_eval_config
     from rl.train import load_config
-    from serve.eval import EvalConfig, load_eval_config
     from serve.local import DEFAULT_MAX_TOKENS
 
     root = Path(__file__).resolve().parents[1]
@@ -137,61 +137,3 @@ def test_decision_budgets_cover_the_teachers_longest_action(tok, monkeypatch):
     }
     for where, budget in budgets.items():
         assert budget >= n + 16, f"{where} = {budget} < {n} tokens of the longest teacher action"
-
-
-def _query_tokens_missing_from_prompt(tok, runs) -> tuple[int, int]:
-    """Over the teacher's query-bearing decisions: how many queries hold a token that is nowhere in their prompt
-    (the planner cannot copy it, it must write it from its prior), and how many queries there are."""
-    missing = total = 0
-    for run in runs:
-        for st in run["steps"]:
-            query = (st["action"].get("arguments") or {}).get("query")
-            if not isinstance(query, str):
-                continue
-            tools = st["planner_input"]["tools"]
-            prompt = tok.apply_chat_template(
-                st["planner_input"]["messages"], tools=tools, tokenize=False, add_generation_prompt=True
-            )
-            full = tok.apply_chat_template(_with_action(st), tools=tools, tokenize=False)
-            p_ids, f_ids = tok.encode(prompt), tok.encode(full)
-            assert f_ids[: len(p_ids)] == p_ids
-            written = json.dumps(query, ensure_ascii=False)[1:-1]
-            # the action's tokens that overlap the query's characters
-            action, pos, q_ids = f_ids[len(p_ids) :], 0, []
-            start = tok.decode(action).index(written)
-            for t in action:
-                piece = tok.decode([t])
-                if pos + len(piece) > start and pos < start + len(written):
-                    q_ids.append(t)
-                pos += len(piece)
-            total += 1
-            missing += not set(q_ids) <= set(p_ids)
-    return missing, total
-
-
-def test_wordruns_pretokenizer_writes_a_value_with_the_tokens_of_the_prompt(tmp_path, recorded_correct_runs):
-    """The teacher builds queries from ledger values and query focuses ("Kovdale Growers' Cooperative" + "market
-    town"). With the "wordruns" pre-tokenizer a value has the same tokens inside a query as in the ledger, so nearly
-    every teacher query is made of tokens its prompt holds; with "phrase" many are not (measured on the recorded
-    runs). Kept for bigger tiny models: it did not make the 1.3M-parameter planner copy (docs/training.md)."""
-    from transformers import AutoTokenizer
-
-    texts = list(teacher_runs.texts(n=24, split="train"))
-    phrase = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "p", texts=texts))
-    words = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "c", texts=texts, pretokenizer="wordruns"))
-    value, query = "Kovdale Growers' Cooperative", "Kovdale Growers' Cooperative market town"
-    for t, same in ((words, True), (phrase, False)):
-        v = t.encode(json.dumps({"value": value})[9:-1])  # ' "Kovdale ..."' as in the digest
-        q = t.encode(json.dumps({"query": query})[9:-1])
-        assert t.decode(v[:1]) == ' "' and t.decode(v[-1:]) == '"'
-        inner = v[1:-1]  # the value's own tokens
-        assert any(q[i : i + len(inner)] == inner for i in range(len(q))) is same
-    m_words, n = _query_tokens_missing_from_prompt(words, recorded_correct_runs)
-    m_phrase, _ = _query_tokens_missing_from_prompt(phrase, recorded_correct_runs)
-    print(f"queries with a token missing from the prompt: wordruns {m_words}/{n}, phrase {m_phrase}/{n}")
-    assert n >= 20
-    assert m_words <= 0.1 * n < m_phrase, (m_words, m_phrase, n)
-    action = Action("web_search", {"query": query, "need_index": 1}).to_text()
-    assert words.decode(words.encode(action)) == action  # lossless, like the default
-    with pytest.raises(ValueError, match="pretokenizer"):
-        build_tiny_model(tmp_path / "x", texts=texts[:3], pretokenizer="bogus")

@@ -137,27 +137,19 @@ def test_config_hash_is_stable_and_sensitive():
     assert config_hash(RuntimeConfig(), {"planner": "m"}) != config_hash(RuntimeConfig(max_steps=9), {"planner": "m"})
 
 
-def test_runtime_options_off_keep_the_config_hash_and_on_change_it():
-    """Resumable OUT dirs from before the key keep their hash; a re-sampling run is a different config."""
-    import hashlib
-
+def test_the_references_offered_are_part_of_the_config_hash_in_canonical_order():
+    """Which references a run offers changes what its trajectories mean (prompts and the teacher's actions): every
+    choice hashes apart, and the order a recipe lists them in does not matter (the prompt's order is fixed)."""
     from collect.config import CollectConfig, RuntimeConfig
 
-    default = CollectConfig()
-    d = default.to_dict()
-    for k in ("limit", "progress", "harvest", "name", "workers", "shard"):
-        d.pop(k)
-    d["tasks"].pop("n_tasks")
-    assert d["runtime"].pop("rejection_temperature") == 0.0  # the hash of the default is the hash without the keys
-    assert d["runtime"].pop("reject_futile_calls") is False
-    assert d["runtime"].pop("value_refs") is False
-    assert d["runtime"].pop("window_refs") is False
-    assert d["runtime"].pop("focus_refs") is False
-    assert default.hash() == hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    assert CollectConfig(runtime=RuntimeConfig(rejection_temperature=0.7)).hash() != default.hash()
-    assert CollectConfig(runtime=RuntimeConfig(reject_futile_calls=True)).hash() != default.hash()
-    assert CollectConfig(runtime=RuntimeConfig(value_refs=True)).hash() != default.hash()
-    assert CollectConfig(runtime=RuntimeConfig(window_refs=True)).hash() != default.hash()
-    assert CollectConfig(runtime=RuntimeConfig(focus_refs=True)).hash() != default.hash()
-    with pytest.raises(ValueError, match="rejection_temperature must be in"):
-        RuntimeConfig(rejection_temperature=-0.1)
+    hashes = {
+        refs: CollectConfig(runtime=RuntimeConfig(references=refs)).hash()
+        for refs in [(), ("need",), ("need", "window"), ("need", "window", "focus"), ("window",)]
+    }
+    assert len(set(hashes.values())) == len(hashes)
+    assert CollectConfig().hash() == hashes[("need", "window", "focus")]  # the default: all three
+    assert (
+        CollectConfig(runtime=RuntimeConfig(references=["focus", "window", "need"])).hash() == CollectConfig().hash()
+    )
+    with pytest.raises(ValueError, match="unknown reference kind 'values'"):
+        RuntimeConfig(references=("values",))

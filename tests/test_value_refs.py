@@ -1,7 +1,7 @@
-"""Value references (RuntimeConfig.value_refs): "{need:K}" in a query stands for need K's filled value, in code for its
-Python literal.
+"""Value references (RuntimeConfig.references "need"): "{need:K}" in a query stands for need K's filled value, in code
+for its Python literal.
 
-Checked on the real loop (the shipped recipe configs/collect/embedded_1800_refs.yaml, the offline teacher), on a
+Checked on the real loop (the shipped recipe configs/collect/embedded_1800.yaml, the offline teacher), on a
 scripted OpenAI-compatible planner over loopback (references it gets wrong included), on relabelling and on the
 rewards, against the same runs with the option off."""
 
@@ -15,14 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from collect.actions import (
-    VALUE_REFS_RULE,
-    Action,
-    ActionError,
-    offers_value_refs,
-    resolve_value_refs,
-    write_value_refs,
-)
+from collect.actions import REFERENCE_RULES, Action, ActionError, offered_refs, resolve_text_refs, write_value_refs
 from collect.loop import ToolFailure
 from tests.fakes import FakeChatServer, FakeToolBox, tool_call
 from tests.helpers.loop_script import needs_reply, run, script_anchor_then_year
@@ -30,6 +23,15 @@ from tests.helpers.teacher_collect import collect_refs
 
 ROOT = Path(__file__).resolve().parents[1]
 N_TASKS = 30
+VALUE_REFS_RULE = REFERENCE_RULES["need"]
+
+
+def resolve_value_refs(action: Action, values: dict[int, str]) -> Action:
+    return resolve_text_refs(action, values, None)  # value references alone
+
+
+def offers_value_refs(prompt) -> bool:
+    return "need" in offered_refs(prompt)
 
 
 # ---- the resolver --------------------------------------------------------------------------------------------------
@@ -104,7 +106,7 @@ def test_write_then_resolve_gives_back_the_teachers_query():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("refs")
-    return collect_refs(d / "on", N_TASKS), collect_refs(d / "off", N_TASKS, value_refs=False)
+    return collect_refs(d / "on", N_TASKS, ("need",)), collect_refs(d / "off", N_TASKS, ())
 
 
 def test_the_teacher_writes_references_and_the_tools_get_the_values(runs):
@@ -137,7 +139,7 @@ def test_the_teacher_writes_references_and_the_tools_get_the_values(runs):
     completions = [json.dumps(r["completion"]) for r in rows if r["kind"] == "decision"]
     assert sum("{need:" in c for c in completions) >= 3
     assert all(VALUE_REFS_RULE in r["prompt"][0]["content"] for r in rows if r["kind"] == "decision")
-    from serve.report import task_viewer  # the report's task viewer shows what the tool got
+    from pipeline.report import task_viewer  # the report's task viewer shows what the tool got
 
     assert "resolved arguments" in task_viewer(on) and "resolved arguments" not in task_viewer(off)
 
@@ -145,7 +147,7 @@ def test_the_teacher_writes_references_and_the_tools_get_the_values(runs):
 def test_relabelling_labels_with_references_only_where_the_students_prompt_offers_them(runs):
     from collections import Counter
 
-    from collect.relabel import relabel_trajectory
+    from pipeline.relabel import relabel_trajectory
 
     (on, _), (off, _) = runs
     rows_on = [row for t in on for row in relabel_trajectory(t, 1, Counter())[0]]
@@ -200,7 +202,7 @@ def test_a_planner_reference_to_an_unfilled_need_is_rejected_and_a_good_one_reac
     tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
     dangling = tool_call("web_search", {"query": "{need:1} history", "need_index": 1})  # need 1: the one looked for
     script_anchor_then_year(srv, SUBTITLE, dangling, BY_REF, FINISH, anchor="Acme Mills")
-    rec = run(srv, toolbox=tb, value_refs=True)
+    rec = run(srv, toolbox=tb, references=("need",))
     assert rec["outcome"] == "accepted"
     bad = rec["steps"][1]
     errs = [e for e in bad["events"] if e["kind"] == "model_error"]
@@ -216,7 +218,7 @@ def test_a_planner_reference_to_an_unfilled_need_is_rejected_and_a_good_one_reac
 def test_off_a_reference_is_literal_text_sent_to_the_tool(srv):
     tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] The banner reads ACME.")
     script_anchor_then_year(srv, SUBTITLE, BY_REF, FINISH, anchor="Acme Mills")
-    rec = run(srv, toolbox=tb)
+    rec = run(srv, toolbox=tb, references=())
     assert tb.calls[-1] == ("web_search", {"query": "{need:0} founded", "need_index": 1})
     assert all("resolved_arguments" not in s for s in rec["steps"])
     assert VALUE_REFS_RULE not in rec["steps"][0]["planner_input"]["messages"][0]["content"]

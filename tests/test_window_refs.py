@@ -1,10 +1,9 @@
-"""Window references (RuntimeConfig.window_refs): a time_range of "{window:K}" stands for the time window need K names
-("between 35 s and 50 s" -> [35.0, 50.0]), so a planner names the window instead of copying its numbers (the tuned
-tiny planners copy a wrong window on 45-61% of such calls: collect.summary.window_stats).
+"""Window references (RuntimeConfig.references "window"): a time_range of "{window:K}" stands for the time window need
+K names ("between 35 s and 50 s" -> [35.0, 50.0]), so a planner names the window instead of copying its numbers (the
+tuned tiny planners copy a wrong window on 45-61% of such calls: collect.summary.window_stats).
 
-Checked on the real loop (the shipped value-reference recipe with the option on, the offline teacher), on harvest,
-relabelling and the rewards, and on a scripted OpenAI-compatible planner over loopback, against the same runs with
-the option off."""
+Checked on the real loop (the shipped recipe with value references, window references on and off, the offline
+teacher), on harvest, relabelling and the rewards, and on a scripted OpenAI-compatible planner over loopback."""
 
 from __future__ import annotations
 
@@ -14,10 +13,9 @@ import json
 import pytest
 
 from collect.actions import (
-    WINDOW_REFS_RULE,
+    REFERENCE_RULES,
     Action,
     ActionError,
-    offers_window_refs,
     resolve_window_refs,
     validate_action,
     write_window_refs,
@@ -34,6 +32,7 @@ from tests.helpers.teacher_collect import (
 )
 
 N_TASKS = 30
+WINDOW_REFS_RULE = REFERENCE_RULES["window"]
 WINDOWS = {0: (35.0, 50.0), 2: (10.0, 12.5)}
 
 
@@ -82,12 +81,12 @@ def test_the_teacher_writes_the_reference_of_its_target_need_and_it_resolves_bac
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("wrefs")
-    return collect_refs(d / "on", N_TASKS, window_refs=True), collect_refs(d / "off", N_TASKS)
+    return collect_refs(d / "on", N_TASKS, ("need", "window")), collect_refs(d / "off", N_TASKS, ("need",))
 
 
 def test_the_teacher_names_windows_and_the_tools_get_them(runs):
     (on, on_dir), (off, _) = runs
-    written = same_calls_with_and_without(on, off, offers_window_refs, "{window:")
+    written = same_calls_with_and_without(on, off, "window", "{window:")
     assert written >= 5  # the anchor searches of the windowed tasks
     assert window_stats(on) == window_stats(off) and window_stats(on)["window_match_rate"] == 1.0
     decisions = harvested_decisions(on_dir)
@@ -118,7 +117,7 @@ def test_rewards_resolve_window_references_where_the_prompt_offers_them(runs):
     }
     assert valid([with_numbers, with_ref, dangling], **cols) == [1.0, 1.0, 0.0]
     assert valid([with_ref], tools=cols["tools"][:1], ledger=cols["ledger"][:1]) == [0.0]  # not offered: a string
-    use_judge(build_judge({"kind": "offline", "time_windows": True}))
+    use_judge(build_judge({"kind": "offline"}))
     state = {"question": ["q"] * 3, "gold_answer": ["g"] * 3, "reference_action": [json.dumps(ref)] * 3}
     scores = asyncio.run(align([with_numbers, with_ref, dangling], **cols, **state))
     assert scores == [1.0, 1.0, 0.0]  # the reference is worth its window, resolved on both sides
@@ -139,7 +138,7 @@ def test_a_planners_reference_reaches_the_tool_as_the_window_and_a_dangling_one_
         srv.script("finalizer", text("1999"))
         srv.script("answer_critic", answer_critic(True))
         tb = FakeToolBox(ToolFailure, fallback=lambda n, a: "[40.0-44.0s] ACME")
-        rec = run(srv, r0=R0_WINDOW, toolbox=tb, window_refs=True)
+        rec = run(srv, r0=R0_WINDOW, toolbox=tb, references=("window",))
     assert rec["outcome"] == "accepted"
     bad = rec["steps"][0]
     assert bad["action"] is None

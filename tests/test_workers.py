@@ -51,7 +51,7 @@ def test_two_workers_write_the_same_records_and_summary_as_one_process(tmp_path,
 def test_eval_passes_workers_through_to_each_cell(tmp_path):
     import yaml
 
-    from serve.eval import load_eval_config, run_eval
+    from pipeline.eval import load_eval_config, run_eval
 
     p = tmp_path / "eval.yaml"
     base = str(ROOT / "configs/collect/embedded.yaml")

@@ -47,12 +47,7 @@ class Planner(Protocol):
         *,
         r0: TaskContext,
         ledger: Ledger,
-        temperature: float | None = None,
-        seed: int | None = None,
     ) -> PlannerReply: ...
-
-    # temperature / seed: None = the planner's own decoding. The loop sets them only to re-sample after a rejected
-    # reply (RuntimeConfig.rejection_temperature); a deterministic planner may ignore them.
 
 
 class EvidenceCritic(Protocol):

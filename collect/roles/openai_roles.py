@@ -200,12 +200,8 @@ class OpenAIPlanner:
         *,
         r0: TaskContext,
         ledger: Ledger,
-        temperature: float | None = None,
-        seed: int | None = None,
     ) -> PlannerReply:
-        # `seed` is the OpenAI request field (vLLM and serve.local honour it per request)
-        extra = {"seed": seed} if seed is not None else None
-        resp = await self.client.chat(messages, tools=tools, temperature=temperature, extra_body=extra)
+        resp = await self.client.chat(messages, tools=tools)
         return PlannerReply(text=resp.text, tool_calls=resp.tool_calls, usage=resp.usage)
 
     def __init__(self, client: ChatClient):

@@ -11,7 +11,7 @@ import json
 from functools import cache
 from pathlib import Path
 
-from collect.actions import FOCUS_REFS_RULE, VALUE_REFS_RULE, WINDOW_REFS_RULE
+from collect.actions import REFERENCE_RULES
 from collect.bounds import truncate  # one truncation rule for prompts and bounded role output
 from collect.config import MAX_OBSERVATION_CHARS
 from collect.ledger import Ledger, NormalizedObservation, TaskContext, render_digest
@@ -70,25 +70,20 @@ def render_planner_messages(
     max_observation_chars: int = MAX_OBSERVATION_CHARS,
     summary: str = "",
     history: list[dict] | None = None,
-    value_refs: bool = False,
-    window_refs: bool = False,
-    focus_refs: bool = False,
+    refs: tuple[str, ...] = (),
 ) -> list[dict]:
     """The planner's chat input.
 
     ledger: system + one user message: R0, the rendered digest, the latest observation shown once (truncated).
     memory: system + one user message: R0, the rolling summary, the latest observation (no digest).
-    react:  system + user R0, then `history` (assistant tool_call / tool messages accumulated by the loop)."""
+    react:  system + user R0, then `history` (assistant tool_call / tool messages accumulated by the loop).
+    refs (ledger arm): the reference kinds offered (RuntimeConfig.references), one rule each after the prompt's own."""
     obs = truncate(latest_observation, max_observation_chars) if latest_observation else "(none yet)"
     if arm == "ledger":
         user = f"{render_r0(r0)}\n\nEvidence state digest:\n{render_digest(r0, ledger)}\n\nLatest observation:\n{obs}"
         system = _sys("planner")
-        if value_refs:  # RuntimeConfig.value_refs: one more rule, after the prompt's own
-            system["content"] = system["content"].rstrip("\n") + "\n" + VALUE_REFS_RULE
-        if window_refs:  # RuntimeConfig.window_refs: the same, after it
-            system["content"] = system["content"].rstrip("\n") + "\n" + WINDOW_REFS_RULE
-        if focus_refs:  # RuntimeConfig.focus_refs: the same, after them
-            system["content"] = system["content"].rstrip("\n") + "\n" + FOCUS_REFS_RULE
+        for kind in refs:
+            system["content"] = system["content"].rstrip("\n") + "\n" + REFERENCE_RULES[kind]
         return [system, {"role": "user", "content": user}]
     if arm == "memory":
         user = f"{render_r0(r0)}\n\nSummary so far:\n{summary or '(empty)'}\n\nLatest observation:\n{obs}"

@@ -10,6 +10,7 @@ from collect.config import DEFAULT_BLOCKED_DOMAINS, ToolsConfig  # ToolsConfig l
 from collect.ledger import PERCEPTION_TOOLS, NormalizedObservation, TaskContext
 from collect.tasks import Task
 from collect.tools import perception, web
+from collect.tools.code_executor import run_code_async
 
 __all__ = ["DEFAULT_BLOCKED_DOMAINS", "FINISH_SCHEMA", "ToolBox", "ToolFailure", "ToolsConfig", "tool_schemas"]
 
@@ -241,8 +242,6 @@ class ToolBox:
 
     # ---- code -------------------------------------------------------------------------------------------------------
     async def _code(self, arguments: dict) -> tuple[str, NormalizedObservation]:
-        from collect.tools.code_executor import run_code_async
-
         code = arguments.get("code")
         if not isinstance(code, str) or not code.strip():
             raise ToolFailure("code_executor: code is required")

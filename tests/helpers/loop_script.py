@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-from collect.config import EndpointConfig, RolesConfig, RuntimeConfig, build_roles
+from collect.config import EndpointConfig, RolesConfig, RuntimeConfig
 from collect.ledger import Asset, TaskContext
 from collect.llm import ClientPool
 from collect.loop import ToolFailure, run_task
+from collect.roles.factory import build_roles
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
 
 R0 = TaskContext(

@@ -1,5 +1,5 @@
-"""Teacher runs of the real collect engine on the first N train tasks of the 1,800-task embedded world with value
-references (configs/collect/embedded_1800_refs.yaml), one runtime option changed: what the reference tests compare."""
+"""Teacher runs of the real collect engine on the first N train tasks of the 1,800-task embedded world
+(configs/collect/embedded_1800.yaml) with the references offered set per run: what the reference tests compare."""
 
 from __future__ import annotations
 
@@ -9,26 +9,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def collect_refs(out: Path, n_tasks: int, **runtime) -> tuple[list[dict], Path]:
-    """(trajectories sorted by task id, out) of the offline teacher over the first n_tasks train tasks with the
-    shipped value-reference recipe and `runtime` overrides (e.g. value_refs=False, window_refs=True)."""
+def collect_refs(out: Path, n_tasks: int, references: tuple[str, ...]) -> tuple[list[dict], Path]:
+    """(trajectories sorted by task id, out) of the offline teacher over the first n_tasks train tasks of the shipped
+    recipe with `references` offered (RuntimeConfig.references)."""
     from collect.config import load_config
     from collect.run import run_collection
     from collect.trajectory import read_trajectories
 
-    cfg = load_config(ROOT / "configs/collect/embedded_1800_refs.yaml", {"limit": n_tasks, "progress": False})
-    assert cfg.runtime.value_refs is True  # the shipped recipe turns it on
-    cfg.runtime = dataclasses.replace(cfg.runtime, **runtime)
+    cfg = load_config(ROOT / "configs/collect/embedded_1800.yaml", {"limit": n_tasks, "progress": False})
+    cfg.runtime = dataclasses.replace(cfg.runtime, references=tuple(references))
     summary = run_collection(cfg, out)
     assert not summary["errored_tasks"]
     return sorted(read_trajectories(out / "trajectories.jsonl"), key=lambda r: r["task_id"]), out
 
 
-def same_calls_with_and_without(on: list[dict], off: list[dict], offers, marker: str) -> int:
-    """Assert two teacher runs of the same tasks (a reference option on / off) end the same way, that only `on`'s
-    prompts offer the references (`offers`: collect.actions.offers_*_refs) and that every tool got the same arguments;
-    return how many of `on`'s steps wrote `marker` (e.g. "{window:") in their action."""
+def same_calls_with_and_without(on: list[dict], off: list[dict], kind: str, marker: str) -> int:
+    """Assert two teacher runs of the same tasks (a reference kind offered / not) end the same way, that only `on`'s
+    prompts offer the kind (collect.actions.offered_refs) and that every tool got the same arguments; return how many
+    of `on`'s steps wrote `marker` (e.g. "{window:") in their action."""
     import json
+
+    from collect.actions import offered_refs
 
     assert [(r["task_id"], r["outcome"], r["answer"]) for r in on] == [
         (r["task_id"], r["outcome"], r["answer"]) for r in off
@@ -36,8 +37,8 @@ def same_calls_with_and_without(on: list[dict], off: list[dict], offers, marker:
     written = 0
     for a, b in zip(on, off, strict=True):
         for sa, sb in zip(a["steps"], b["steps"], strict=True):
-            assert offers(sa["planner_input"]["messages"])
-            assert not offers(sb["planner_input"]["messages"])
+            assert kind in offered_refs(sa["planner_input"]["messages"])
+            assert kind not in offered_refs(sb["planner_input"]["messages"])
             got = [s.get("resolved_arguments", s["action"]["arguments"]) for s in (sa, sb)]  # what the tool got
             assert got[0] == got[1]
             written += marker in json.dumps(sa["action"])
@@ -63,7 +64,7 @@ def relabelled_with_and_without(on: list[dict], off: list[dict], marker: str) ->
     import json
     from collections import Counter
 
-    from collect.relabel import relabel_trajectory
+    from pipeline.relabel import relabel_trajectory
 
     c_on, c_off = Counter(), Counter()
     rows_on = [row for t in on for row in relabel_trajectory(t, 1, c_on)[0]]

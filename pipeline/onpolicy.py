@@ -1,10 +1,10 @@
 """Rounds of on-policy relabelling + state-SFT (DAgger-style; docs/training.md "On-policy relabelling").
 
-    python -m sft.onpolicy --config configs/onpolicy/tiny.yaml --model SFT_OUT/merged [--rounds N] [--out DIR]
+    python -m pipeline.onpolicy --config configs/onpolicy/tiny.yaml --model SFT_OUT/merged [--rounds N] [--out DIR]
 
 Round k (1..N): the current planner runs over the recipe's split (never test) and the teacher labels every state it
-reached (collect.relabel.run_relabel -> DIR/round{k}/); the SFT dataset of round k is the teacher rows + the on-policy
-rows of rounds 1..k, identical prompts once (collect.relabel.aggregate -> DIR/round{k}/data); sft.train trains on it
+reached (pipeline.relabel.run_relabel -> DIR/round{k}/); the SFT dataset of round k is the teacher rows + the on-policy
+rows of rounds 1..k, identical prompts once (pipeline.relabel.aggregate -> DIR/round{k}/data); sft.train trains on it
 (`init: previous` fine-tunes round k-1's model, `init: scratch` trains the recipe from its tiny base) ->
 DIR/round{k}/sft/merged, the planner of round k+1; DIR/final_sft links to the last round's. With `rl: true`, GRPO
 (rl.train) then runs on the last round's aggregated rl_states (teacher + student-reached states) -> DIR/rl.
@@ -23,7 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
+from collect.config import load_recipe
+from collect.processes import parse_processes
+from collect.run import RunDirError, setup_logging
+from pipeline.planners import PLANNER_ENDPOINT
+from pipeline.relabel import aggregate, check_split, run_relabel
 
 
 @dataclass
@@ -33,7 +37,9 @@ class OnPolicyConfig:
     limit: int | None = field(default=None, metadata={"help": "first N tasks of the split"})
     teacher_data: str = field(default="runs/collect", metadata={"help": "teacher harvest dir (sft.*.jsonl ...)"})
     rounds: int = field(default=2, metadata={"help": "relabel + SFT rounds"})
-    planner_endpoint: dict = field(default_factory=lambda: {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2})
+    planner_endpoint: dict = field(
+        default_factory=lambda: dict(PLANNER_ENDPOINT), metadata={"help": "the student's endpoint settings"}
+    )
     concurrency: int | None = field(default=4, metadata={"help": "tasks in flight while the student runs"})
     relabel_processes: int | str = field(
         default=1,
@@ -52,9 +58,6 @@ class OnPolicyConfig:
     )
 
     def __post_init__(self):
-        from collect.processes import parse_processes
-        from collect.relabel import check_split
-
         check_split(self.split)
         self.relabel_processes = parse_processes(self.relabel_processes, "relabel_processes")
         if self.init not in ("previous", "scratch"):
@@ -64,15 +67,7 @@ class OnPolicyConfig:
 
 
 def load_onpolicy_config(path: str, overrides: dict | None = None) -> OnPolicyConfig:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"on-policy recipe not found: {p}")
-    raw = {**(yaml.safe_load(p.read_text()) or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
-    known = {f.name for f in dataclasses.fields(OnPolicyConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    return OnPolicyConfig(**raw)
+    return load_recipe(OnPolicyConfig, path, overrides, "on-policy recipe")
 
 
 def _flags(d: dict) -> list[str]:
@@ -96,8 +91,6 @@ def _stage(args: list[str]) -> float:
 
 
 def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
-    from collect.relabel import aggregate, run_relabel
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if not Path(model).is_dir():
@@ -173,9 +166,7 @@ def _write(path: Path, obj: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from collect.run import RunDirError, setup_logging
-
-    ap = argparse.ArgumentParser(prog="python -m sft.onpolicy", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.onpolicy", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="configs/onpolicy/tiny.yaml")
     ap.add_argument("--model", required=True, help="the start planner (a state-SFT checkpoint)")
     ap.add_argument("--rounds", type=int, default=None)

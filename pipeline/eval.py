@@ -1,21 +1,17 @@
-"""`make eval CONFIG=configs/eval/embedded.yaml [PLANNER=...] [OUT=runs/eval]`: the ledger runtime over a split with
-the planner swapped, critic and finalizer fixed by the base collect config.
+"""`make eval CONFIG=configs/eval/embedded.yaml [PLANNER=...] [OUT=runs/eval] [SPLIT=] [LIMIT=]`: the ledger runtime
+over a split with the planner swapped, critic and finalizer fixed by the base collect config.
 
 One config describes a matrix of cells, planner x arm x perception backend; each cell is an ordinary (resumable)
 collect run in OUT/cells/<planner>__<arm>__<perception>/. Then OUT/summary.json gathers every cell's summary and
 OUT/report.html renders them. Per planner (seeds pooled): accuracy with its Wilson interval, per-seed accuracies,
 outcomes, answerable-task accuracy, unanswerable -> insufficient rate, valid own-step actions and, with `heldout`, the
-greedy decision scores (rl.score) of each checkpoint on held-out teacher states. A planner is one of:
-  offline                      the privileged teacher planner (an upper reference, not a model)
-  {checkpoint: DIR}            a transformers checkpoint served on CPU by serve.local for the duration of the cell;
-                               {checkpoint: DIR, endpoint: {max_tokens: 64}} overrides planner_endpoint for it;
-                               {checkpoint: [DIR_seed0, DIR_seed1, ...]}: one planner trained with several seeds, a
-                               cell per seed (NAME@0, NAME@1, ...) and the seeds pooled in summary.json "planners"
-  {endpoint: {base_url, model, api_key_env, ...}}   any OpenAI-compatible server (vLLM on a GPU node, an API)
-A checkpoint or endpoint planner may add `runtime: {...}`, RuntimeConfig overrides for its cells only (e.g.
-{rejection_temperature: 0.7}); two planner names with the same checkpoints then compare runtimes on one model.
+greedy decision scores (rl.score) of each checkpoint on held-out teacher states. A planner is a pipeline.planners
+spec (offline | {checkpoint: DIR} | {endpoint: {...}}); {checkpoint: [DIR_seed0, DIR_seed1, ...]} is one planner
+trained with several seeds, a cell per seed (NAME@0, NAME@1, ...) and the seeds pooled in summary.json "planners". A
+checkpoint or endpoint planner may add `runtime: {...}`, RuntimeConfig overrides for its cells only (e.g.
+{references: []}); two planner names with the same checkpoints then compare runtimes on one model.
 
-`python -m serve.eval --merge OUT_A OUT_B ... --out OUT` pools finished evals run apart (one per seed or per node)
+`python -m pipeline.eval --merge OUT_A OUT_B ... --out OUT` pools finished evals run apart (one per seed or per node)
 into one summary.json and report.html, as if one config had listed them all (`merge_evals`).
 """
 
@@ -23,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import copy
 import dataclasses
 import json
@@ -34,11 +29,22 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect.config import EndpointConfig, RuntimeConfig, load_config, read_yaml_mapping
+from collect.config import RuntimeConfig, load_config, load_recipe
+from collect.ledger import INSUFFICIENT, OUTCOMES
 from collect.processes import parse_processes, raise_first, resolve_processes, run_spawned, threads_per_process
 from collect.run import RunDirError, run_collection, setup_logging
+from collect.summary import _acc, planner_step_stats, wilson, window_stats
 from collect.trajectory import read_trajectories
-from serve.report import write_report
+from pipeline.planners import (
+    PLANNER_ENDPOINT,
+    parse_planner_arg,
+    planner_endpoint,
+    planner_name,
+    require_checkpoint,
+    trained_task_ids,
+)
+from pipeline.report import write_report
+from rl.score import score
 
 log = logging.getLogger("eval")
 
@@ -55,8 +61,8 @@ class EvalConfig:
         default_factory=lambda: {"annotations": {}}, metadata={"help": "name -> ToolsConfig overrides"}
     )
     planner_endpoint: dict = field(
-        default_factory=lambda: {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2},
-        metadata={"help": "defaults for checkpoint planners served locally"},
+        default_factory=lambda: dict(PLANNER_ENDPOINT),
+        metadata={"help": "endpoint settings of checkpoint and URL planners (pipeline.planners.PLANNER_ENDPOINT)"},
     )
     concurrency: int | None = field(default=None, metadata={"help": "override runtime.concurrency"})
     workers: int | str | None = field(default=None, metadata={"help": "override the collect `workers` (N | auto)"})
@@ -117,8 +123,6 @@ def planner_family(pname: str) -> str:
 
 def task_type_stats(records: list[dict]) -> dict:
     """Answerable-task accuracy and the share of unanswerable tasks answered 'insufficient' (embedded world)."""
-    from collect.ledger import INSUFFICIENT
-    from collect.summary import wilson
 
     def kind(r):
         return (r.get("task_meta") or {}).get("answer_type")
@@ -149,9 +153,6 @@ def task_type_stats(records: list[dict]) -> dict:
 def pool_planners(cells: dict[str, dict], records: dict[str, list[dict]]) -> dict:
     """Cells of the same planner family, arm and perception (the seeds of one planner) pooled: every task run counts
     once in the Wilson interval; per-seed accuracies and held-out scores are listed beside it."""
-    from collect.ledger import OUTCOMES
-    from collect.summary import _acc, planner_step_stats, window_stats
-
     groups: dict[str, list[str]] = {}
     for cell, s in cells.items():
         key = f"{planner_family(s['planner'])}__{s.get('arm', 'ledger')}__{s['perception']}"
@@ -199,8 +200,6 @@ def score_heldout(spec, heldout: dict) -> dict | None:
     """rl.score of a checkpoint planner on held-out teacher states (None for the teacher and URL planners)."""
     if not isinstance(spec, dict) or "checkpoint" not in spec:
         return None
-    from rl.score import score
-
     res = score(
         heldout["dataset_dir"],
         spec["checkpoint"],
@@ -222,84 +221,13 @@ def score_heldout(spec, heldout: dict) -> dict | None:
     return {k: res.get(k) for k in (*keys, "reference_query_match", "n_with_query")}
 
 
-def load_eval_config(path: str, planner: str | None = None) -> EvalConfig:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"eval config not found: {p}")
-    raw = read_yaml_mapping(p)  # a syntax error or a non-mapping: ConfigError (a ValueError) naming the file
-    known = {f.name for f in dataclasses.fields(EvalConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"{p}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    cfg = EvalConfig(**raw)
+def load_eval_config(path: str, planner: str | None = None, overrides: dict | None = None) -> EvalConfig:
+    """An eval recipe (collect.config.load_recipe); `planner` (PLANNER=) replaces its planners, `overrides` (split,
+    limit, ...) its keys."""
+    cfg = load_recipe(EvalConfig, path, overrides, "eval config")
     if planner:
-        cfg.planners = {_planner_name(planner): parse_planner_arg(planner)}
+        cfg.planners = {planner_name(planner): parse_planner_arg(planner)}
     return cfg
-
-
-def parse_planner_arg(planner: str):
-    """PLANNER=offline | a checkpoint directory | an OpenAI-compatible URL (URL#model)."""
-    if planner == "offline":
-        return "offline"
-    if planner.startswith(("http://", "https://")):
-        url, _, model = planner.partition("#")
-        return {"endpoint": {"base_url": url, "model": model or "planner", "api_key_env": "PLANNER_API_KEY"}}
-    if not Path(planner).is_dir():
-        raise ValueError(f"PLANNER={planner!r} is neither 'offline', a URL nor an existing checkpoint directory")
-    return {"checkpoint": planner}
-
-
-def _planner_name(planner: str) -> str:
-    return "offline" if planner == "offline" else Path(planner.partition("#")[0].rstrip("/")).name or "planner"
-
-
-@contextlib.contextmanager
-def planner_endpoint(spec, defaults: dict):
-    """Yield an EndpointConfig (or None for the offline planner), serving a checkpoint locally while in use."""
-    if spec == "offline":
-        yield None
-    elif "checkpoint" not in spec:
-        yield EndpointConfig(**{**defaults, **spec["endpoint"]})
-    else:
-        from serve.local import LocalServer
-
-        ckpt = require_checkpoint(spec)
-        served_from = checkpoint_fingerprint(ckpt)
-        with LocalServer(ckpt) as server:
-            overrides = spec.get("endpoint") or {}
-            settings = {k: v for k, v in {**defaults, **overrides}.items() if k not in SERVED_KEYS}
-            yield EndpointConfig(
-                **settings,
-                base_url=server.base_url,
-                model=Path(ckpt).name,
-                served_from=served_from,
-            )
-
-
-def require_checkpoint(spec: dict, who: str = "planner") -> str:
-    """The checkpoint folder of a {checkpoint: DIR} planner spec; FileNotFoundError naming `who` when it is missing
-    (checked before a server or any process starts)."""
-    ckpt = spec["checkpoint"]
-    if not Path(ckpt).is_dir():
-        raise FileNotFoundError(f"{who}: checkpoint not found: {ckpt}")
-    return ckpt
-
-
-SERVED_KEYS = ("base_url", "model", "served_from")  # set by planner_endpoint for a checkpoint it serves
-
-
-def checkpoint_fingerprint(path: str | os.PathLike) -> str:
-    """What a locally served checkpoint is, for run config hashes: the name, size and modification time of every file
-    in its directory (hashed). The server's port changes every run and must not (a rerun resumes its OUT); a checkpoint
-    trained again, or another one at the same path, must (the OUT then refuses to mix them). Cheap: nothing is read."""
-    import hashlib
-
-    entries = []
-    for f in sorted(Path(path).resolve().iterdir()):
-        if f.is_file():
-            st = f.stat()
-            entries.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
-    return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
 def _base_config(cfg: EvalConfig):
@@ -339,6 +267,7 @@ def _eval_planner(
                 cells[cell]["perception"] = perc_name
                 records[cell] = list(read_trajectories(cell_out / "trajectories.jsonl"))
                 cells[cell].update(task_type_stats(records[cell]))
+                cells[cell]["trained_on_scored_tasks"] = _trained_on_scored(pname, spec, records[cell])
     if cfg.heldout:  # greedy decisions on fixed states: one score per checkpoint, whatever the runtime
         key = spec.get("checkpoint") if isinstance(spec, dict) else None
         if key not in heldout_scores:
@@ -346,6 +275,27 @@ def _eval_planner(
         for cell in cells:
             cells[cell]["heldout"] = heldout_scores[key]
     return cells, records
+
+
+def _trained_on_scored(pname: str, spec, records: list[dict]) -> int | None:
+    """How many of the scored tasks a checkpoint planner was trained on (pipeline.planners.trained_task_ids; None
+    when unknown); a warning names them. A planner trained on what it is scored on reports a contaminated figure."""
+    if not (isinstance(spec, dict) and "checkpoint" in spec):
+        return None
+    trained = trained_task_ids(spec["checkpoint"])
+    if trained is None:
+        return None
+    both = sorted({r["task_id"] for r in records} & trained)
+    if both:
+        log.warning(
+            "planner %s was trained on %d of the %d tasks it is scored on (e.g. %s): its accuracy there is not "
+            "held out",
+            pname,
+            len(both),
+            len(records),
+            both[:3],
+        )
+    return len(both)
 
 
 def _planner_process(cfg: EvalConfig, pname: str, out: Path, overwrite: bool, threads: int) -> dict[str, dict]:
@@ -422,7 +372,7 @@ def merge_evals(inputs: list[str | Path], out: str | Path, name: str | None = No
             raise FileNotFoundError(f"{f} not found: merge finished evals (a stopped one resumes with the same --out)")
         heads.append(json.loads(f.read_text()))
         if not isinstance(heads[-1].get("cells"), dict):
-            raise ValueError(f"{f} is not a serve.eval summary (no `cells`): pass eval OUT directories")
+            raise ValueError(f"{f} is not a pipeline.eval summary (no `cells`): pass eval OUT directories")
         if out.resolve() == d.resolve():
             raise ValueError(f"--out {out} is one of the inputs; merge into a new directory")
     for key in ("split", "limit"):
@@ -500,9 +450,11 @@ def format_table(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m serve.eval", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="configs/eval/embedded.yaml")
     ap.add_argument("--planner", default=None, help="offline | checkpoint dir | URL#model (replaces `planners`)")
+    ap.add_argument("--split", default=None, help="the split to evaluate on (replaces the recipe's `split`)")
+    ap.add_argument("--limit", type=int, default=None, help="the first N tasks of the split (replaces `limit`)")
     ap.add_argument("--out", default="runs/eval")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--workers", default=None, help="worker processes per cell: N or 'auto' (docs/scale.md)")
@@ -522,11 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.merge:
             summary = merge_evals(args.merge, args.out)
         else:
-            cfg = load_eval_config(args.config, args.planner)
-            if args.workers is not None:
-                cfg.workers = args.workers
-            if args.planner_processes is not None:
-                cfg.planner_processes = parse_processes(args.planner_processes, "planner_processes")
+            overrides = {
+                "split": args.split,
+                "limit": args.limit,
+                "workers": args.workers,
+                "planner_processes": args.planner_processes,
+            }
+            cfg = load_eval_config(args.config, args.planner, overrides)
             summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,10 +1,10 @@
 """On-policy states labelled by the teacher (DAgger-style aggregation; docs/training.md "On-policy relabelling").
 
-    python -m collect.relabel --planner CKPT_OR_URL --out DIR --round K [--config configs/collect/embedded.yaml]
+    python -m pipeline.relabel --planner CKPT_OR_URL --out DIR --round K [--config configs/collect/embedded.yaml]
                               [--split train] [--limit N] [--teacher-data runs/collect] [--previous DIR ...]
 
 1. run: the collect engine runs the ledger runtime over a split with the planner role swapped for the student (a
-   checkpoint served by serve.local, or an OpenAI-compatible endpoint: serve.eval.planner_endpoint), critic, finalizer
+   checkpoint served by serve.local, or an OpenAI-compatible endpoint: pipeline.planners), critic, finalizer
    and need parser staying the configured ones -> DIR/collect/trajectories.jsonl (every state the student reached:
    its own mistakes, blocked finishes and rejection notes are in the recorded steps).
 2. relabel: at every recorded planner step the privileged teacher (collect.teacher.TeacherPlanner.choose, which reads
@@ -30,16 +30,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from collect.actions import (
-    Action,
-    ActionError,
-    offered_refs,
-    resolve_window_refs,
-    validate_action,
-)
+from collect.actions import Action, ActionError, offered_refs, resolve_refs, validate_action
+from collect.config import load_config
 from collect.harvest import _save, decision_rows, split_of
 from collect.ledger import Asset, Budget, TaskContext, ledger_from_dict
+from collect.merge import merge
+from collect.processes import parse_processes, raise_first, resolve_processes, run_spawned, threads_per_process
+from collect.run import RunDirError, embedded_world, load_task_list, run_collection, setup_logging
+from collect.teacher import TeacherPlanner
 from collect.trajectory import iter_trajectories
+from pipeline.planners import PLANNER_ENDPOINT, parse_planner_arg, planner_endpoint, require_checkpoint
 
 FORBIDDEN_SPLITS = ("test", "all", None)
 
@@ -77,8 +77,6 @@ def check_split(split: str | None, tasks=()) -> None:
 
 def relabel_trajectory(traj: dict, round_: int, stats: Counter, teacher=None) -> tuple[list[dict], list[dict]]:
     """(sft rows, rl rows): one per recorded planner step of a student trajectory, labelled by the teacher."""
-    from collect.teacher import TeacherPlanner
-
     teacher = teacher or TeacherPlanner()
     r0 = r0_from_dict(traj["r0"])
     sft, rl = [], []
@@ -88,10 +86,9 @@ def relabel_trajectory(traj: dict, round_: int, stats: Counter, teacher=None) ->
         msgs = st["planner_input"].get("messages") or []  # the references the student's prompt offered
         refs = offered_refs(msgs)
         ledger = ledger_from_dict(st["ledger_before"])
-        action = teacher.choose(r0, ledger, offered, **refs)
-        checked = resolve_window_refs(action, ledger.named_windows()) if refs["window_refs"] else action
-        try:  # as the runtime checks it: a window reference resolved (value references are strings either way)
-            validate_action(checked, tools)
+        action = teacher.choose(r0, ledger, offered, refs)
+        try:  # as the runtime checks it, references resolved
+            validate_action(resolve_refs(action, ledger, refs), tools)
         except ActionError as e:  # the teacher's action must fit the step's schemas, or it teaches nothing
             stats["teacher_invalid"] += 1
             print(f"relabel: task {traj['task_id']} step {st['t']}: teacher action invalid ({e})", file=sys.stderr)
@@ -200,18 +197,12 @@ def run_relabel(
     overwrite: bool = False,
     processes: int | str = 1,
 ) -> dict:
-    """Run the student (`planner`: a serve.eval planner spec) over `split`, relabel its states; returns the stats.
+    """Run the student (`planner`: a pipeline.planners spec) over `split`, relabel its states; returns the stats.
 
     `processes` > 1 (or 'auto') with a checkpoint student: the tasks are split into that many shards (collect's
     stable task-id hash), each run in a spawned process that serves the checkpoint itself with its share of the cores
     as torch threads, into OUT/shards/K; collect.merge then writes OUT/collect (the same records as one process: the
     rows are sorted by task and step either way)."""
-    from collect.config import load_config
-    from collect.merge import merge
-    from collect.processes import raise_first, resolve_processes, run_spawned, threads_per_process
-    from collect.run import RunDirError, embedded_world, load_task_list
-    from serve.eval import require_checkpoint
-
     check_split(split)
     base = load_config(config, {"split": split, "limit": limit, "progress": False})
     tasks = load_task_list(base)
@@ -222,7 +213,7 @@ def run_relabel(
     if base.tasks.kind == "embedded":  # belt and braces: no trajectory of a test task is ever turned into rows
         forbidden = {t.id for t in embedded_world(base.tasks.seed, base.tasks.n_tasks).tasks if t.split == "test"}
     out = Path(out)
-    defaults = planner_defaults or {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2}
+    defaults = planner_defaults or PLANNER_ENDPOINT
     cfg = copy.deepcopy(base)
     cfg.name = f"relabel-round{round_}"
     cfg.runtime = dataclasses.replace(cfg.runtime, concurrency=concurrency or cfg.runtime.concurrency)
@@ -267,9 +258,6 @@ def run_relabel(
 def student_run(cfg, planner, defaults: dict, out: Path, overwrite: bool, threads: int | None = None) -> dict:
     """One collect run of the student over cfg's tasks (a shard of them in a relabel process, with `threads` torch
     threads), its checkpoint served for the run; returns the run's summary."""
-    from collect.run import run_collection, setup_logging
-    from serve.eval import planner_endpoint
-
     if threads is not None:
         import torch
 
@@ -283,18 +271,14 @@ def student_run(cfg, planner, defaults: dict, out: Path, overwrite: bool, thread
 
 
 def main(argv: list[str] | None = None) -> int:
-    from collect.processes import parse_processes
-    from collect.run import RunDirError, setup_logging
-    from serve.eval import parse_planner_arg
-
-    ap = argparse.ArgumentParser(prog="python -m collect.relabel", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.relabel", description=__doc__.split("\n\n")[0])
     ap.add_argument("--planner", required=True, help="student: checkpoint dir | URL#model")
     ap.add_argument("--out", required=True, help="round folder (collect/, onpolicy_*.jsonl, data/)")
     ap.add_argument("--round", type=int, default=1, dest="round_")
     ap.add_argument("--config", default="configs/collect/embedded.yaml")
     ap.add_argument("--split", default="train", help="train | dev (test is refused)")
     ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--max-tokens", type=int, default=640, help="student reply cap (a code_executor call is ~480)")
+    ap.add_argument("--max-tokens", type=int, default=PLANNER_ENDPOINT["max_tokens"], help="student reply cap")
     ap.add_argument("--concurrency", type=int, default=None)
     ap.add_argument("--processes", default="1", help="checkpoint student: task shards run at once, N or 'auto'")
     ap.add_argument("--teacher-data", default=None, help="teacher harvest dir: also write OUT/data (the aggregate)")
@@ -311,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             config=a.config,
             split=a.split,
             limit=a.limit,
-            planner_defaults={"max_tokens": a.max_tokens, "timeout_s": 120.0, "max_retries": 2},
+            planner_defaults={**PLANNER_ENDPOINT, "max_tokens": a.max_tokens},
             concurrency=a.concurrency,
             processes=parse_processes(a.processes, "--processes"),
         )
@@ -324,34 +308,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(json.dumps(stats, indent=1))
     return 0
-
-
-def load_state_pool(dataset_dirs: str, split: str = "train", origins: str | None = None):
-    """rl_states rows of one or several DatasetDicts (comma-separated dirs), concatenated in order; rows written
-    before the origin column count as teacher rows; `origins` (comma-separated, e.g. "onpolicy") keeps only those."""
-    from datasets import concatenate_datasets, load_from_disk
-
-    parts = []
-    for d in [x.strip() for x in dataset_dirs.split(",") if x.strip()]:
-        if not Path(d).exists():
-            raise FileNotFoundError(f"dataset_dir {d!r} does not exist: run collect.harvest / collect.relabel first")
-        dd = load_from_disk(d)
-        if split not in dd:
-            raise ValueError(f"{d}: no split {split!r} (has {list(dd)})")
-        ds = dd[split]
-        if "origin" not in ds.column_names:
-            ds = ds.add_column("origin", ["teacher"] * len(ds)).add_column("round", [0] * len(ds))
-        parts.append(ds)
-    if not parts:
-        raise ValueError("dataset_dir names no directory")
-    cols = parts[0].column_names
-    ds = concatenate_datasets([p.select_columns(cols) for p in parts]) if len(parts) > 1 else parts[0]
-    if origins:
-        keep = {o.strip() for o in origins.split(",") if o.strip()}
-        ds = ds.filter(lambda r: r["origin"] in keep)
-        if len(ds) == 0:
-            raise ValueError(f"{dataset_dirs}: no {split} states of origin {sorted(keep)}")
-    return ds
 
 
 if __name__ == "__main__":
