@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help setup test test-fast lint format clean collect merge harvest sft rl heldout serve serve-local eval bench \
-	demo gpu-check wheels gpu-setup-offline relabel onpolicy measure
+	demo gpu-check wheels gpu-setup-offline relabel onpolicy measure imports
 
 help:  ## this list: each target and the variables it reads
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -109,6 +109,9 @@ onpolicy: $(STAMP)  ## MODEL= ROUNDS= CONFIG= OUT= LIMIT=: relabel + aggregate +
 
 bench: $(STAMP)  ## every benchmark; figures -> bench/results.json
 	$(PY) -m bench
+
+imports: $(STAMP)  ## the import graph: packages in layers, any cycle or function-level import of the project's own
+	$(PY) -m tests.helpers.import_graph
 
 # ---- the two measured recipes (figures: README; history: docs/experiments/LOG.md) -----------------------------------
 # make demo: teacher data (1,080 train tasks) -> state-SFT of the tiny planner (1000 steps) -> one on-policy round (60

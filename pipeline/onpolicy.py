@@ -151,7 +151,7 @@ def run_onpolicy(cfg: OnPolicyConfig, model: str, out: str | Path) -> dict:
 
 def _link_final(link: Path, target: Path) -> None:
     """DIR/final_sft -> roundN/sft/merged (relative), so a recipe's eval config names the last round's planner
-    whatever ROUNDS is (configs/eval/onpolicy.yaml). Replaced atomically on every run."""
+    whatever ROUNDS is (configs/eval/measure.yaml). Replaced atomically on every run."""
     tmp = link.with_name(link.name + ".tmp")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()

@@ -97,3 +97,45 @@ def test_the_vendored_omnigaia_file_is_tracked_with_its_license():
     paths = _tracked_text_files()
     assert {"data/omnigaia/test_metadata.json", "data/omnigaia/LICENSE"} <= set(paths)
     assert "MIT License" in (ROOT / "data/omnigaia/LICENSE").read_text(encoding="utf-8")
+
+
+# a path into the repository as the text names it: a known top-level folder, then a file with an extension
+CITED = re.compile(
+    r"(?<![\w/.-])((?:configs|docs|collect|sft|rl|rewards|serve|pipeline|bench|tests|data|constraints|\.ci)/"
+    r"[\w./-]*\.(?:py|md|yaml|yml|json|jsonl|jinja|txt|sh|sbatch|toml))\b"
+)
+
+
+def cited_but_missing(root: Path, paths: list[str]) -> list[str]:
+    """`file: path` for each repository path a text file cites that is neither in the repository nor git-ignored (a
+    user's data or a run's output). The experiment log is exempt: it names recipes at the commits that had them."""
+    found = []
+    for rel in paths:
+        skip = rel.startswith(("docs/experiments/", "tests/fixtures/")) or rel in EXEMPT
+        if skip or rel.endswith((".json", ".jsonl")):
+            continue
+        try:
+            text = (root / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for m in CITED.finditer(text):
+            p = m.group(1)
+            if (root / p).exists():
+                continue
+            ignored = subprocess.run(["git", "check-ignore", "-q", p], cwd=root, timeout=60).returncode == 0
+            if not ignored:
+                found.append(f"{rel}: {p}")
+    return found
+
+
+def test_no_tracked_file_cites_a_repository_file_that_is_not_there():
+    missing = cited_but_missing(ROOT, _tracked_text_files())
+    assert missing == [], missing
+
+
+def test_the_citation_scan_catches_a_deleted_recipe(tmp_path):
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "kept.yaml").write_text("a: 1\n")
+    (tmp_path / "README.md").write_text("run configs/kept.yaml, not configs/gone.yaml or docs/stack.md\n")
+    assert cited_but_missing(tmp_path, ["README.md"]) == ["README.md: configs/gone.yaml", "README.md: docs/stack.md"]

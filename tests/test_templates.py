@@ -128,7 +128,7 @@ def test_the_qwen3_5_fixture_is_the_template_that_rejects_string_arguments(env):
 def test_the_qwen3_omni_fixture_is_the_omni_template(env):
     """What tells the Omni template from Qwen3's: list content items render as the Omni media placeholders, and a
     user turn with list content is not a "query", so the next assistant turn gets no <think> block (the quirk
-    reported for the Qwen3-Omni template in sujitnoronha/audio_reasoning_interspeech, docs/THINKING_TAGS_BUG.md)."""
+    reported for the Qwen3-Omni template in sujitnoronha/audio_reasoning_interspeech, its THINKING_TAGS_BUG.md)."""
     from transformers import AutoTokenizer
 
     _, base, _, _ = env
