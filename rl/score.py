@@ -1,6 +1,6 @@
 """Score a policy on held-out ledger states: one greedy decision per state, rewarded like RL (before/after numbers).
 
-    python -m rl.score --dataset_dir DATA/rl_states --model M [--split eval] [--n 64] [--config configs/rl/R.yaml]
+    python -m rl.score --dataset_dir DATA/rl_states --model M [--split eval] [--n 64] [--config configs/rl/tiny.yaml]
     python -m rl.score --dataset_dir DATA/rl_states --sensitivity [--split train] [--n 300]   # no model: the reward
     python -m rl.score --dataset_dir DATA/rl_states --model M --samples K [--split train]   # what a GRPO group sees
     python -m rl.score ... --reference_tools code_executor   # only the states whose teacher decision is a program
