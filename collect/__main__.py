@@ -41,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-harvest", action="store_true", help="skip building the SFT / RL datasets")
     ap.add_argument("--overwrite", action="store_true", help="discard an existing OUT instead of resuming")
     ap.add_argument("--allow-mixed-config", action="store_true", help="resume into an OUT made by another config")
+    ap.add_argument(
+        "--rerun-changed", action="store_true", help="run again the finished tasks whose content changed since"
+    )
+    ap.add_argument(
+        "--allow-subset",
+        action="store_true",
+        help="select fewer tasks than OUT has finished (summary.json then covers the selection only)",
+    )
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--workers", default=None, help="worker processes on this machine: N or 'auto' (default: config)")
     ap.add_argument("--shard", default=None, help="K/N: run only shard K of N (merge with python -m collect.merge)")
@@ -62,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             args.out,
             allow_mixed_config=args.allow_mixed_config,
             overwrite=args.overwrite,
+            rerun_changed=args.rerun_changed,
+            allow_subset=args.allow_subset,
             for_training=harvesting,  # training rows never come from evaluation tasks: refused before any task runs
         )
     except (ValueError, FileNotFoundError, RunDirError) as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import functools
+import hashlib
 import json
 import logging
 import multiprocessing
@@ -32,7 +33,7 @@ from collect.roles.factory import build_roles
 from collect.summary import summarize
 from collect.tasks import load_corpus, sidecar_corpus
 from collect.tools import ToolBox
-from collect.trajectory import TrajectoryWriter, encode_record, finished_ids, read_trajectories
+from collect.trajectory import TrajectoryWriter, encode_record, iter_trajectories, read_trajectories
 from collect.world import DEFAULT_N_TASKS, load_world
 
 log = logging.getLogger("collect")
@@ -117,6 +118,14 @@ def missing_media(tasks: list, tools_cfg) -> dict[str, list[str]]:
     return out
 
 
+def task_fingerprint(task) -> str:
+    """What a task is, for resume: a hash of its whole content (question, answer, assets, gold chain, ...). A record
+    keeps the fingerprint of the task it ran, so a rerun sees a task changed since (a fixed task file) instead of
+    reporting its old result as current."""
+    content = task.model_dump(mode="json") if hasattr(task, "model_dump") else repr(task)
+    return hashlib.sha256(json.dumps(content, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def _task_meta(task, missing: list[str] | None = None) -> dict:
     meta = {
         "difficulty": getattr(task, "difficulty", None),
@@ -157,8 +166,45 @@ def used_endpoints(cfg: CollectConfig) -> dict[str, EndpointConfig]:
     return {n: cfg.endpoints[n] for n in sorted(names)}
 
 
+GOLD_ROLES = ("need_parser", "critic")  # the offline teacher's roles that read a task's gold chain
+
+
+def check_gold_chains(cfg: CollectConfig, tasks) -> None:
+    """The offline teacher's need parser and critic read each task's gold chain: a selected task without one would
+    run zero steps and answer "insufficient" (accuracy 0, exit 0). Refused before any task runs."""
+    offline = [r for r in GOLD_ROLES if getattr(cfg.roles, r) == "offline"]
+    bare = [t.id for t in tasks if not getattr(t, "gold_chain", None)] if offline else []
+    if bare:
+        raise ValueError(
+            f"roles {offline} are 'offline', the privileged teacher, which reads each task's gold chain; "
+            f"{len(bare)} of {len(tasks)} selected task(s) have none (e.g. {bare[:3]}): give those roles an endpoint "
+            "(roles: / endpoints:, as configs/collect/omnigaia_api.yaml does) or add a gold_chain to the tasks"
+        )
+
+
+def check_keys(cfg: CollectConfig, tasks, tools_cfg: ToolsConfig) -> None:
+    """Every key variable a used endpoint or tool names must be set: an unset one would make every call a 401 (or
+    every search an error) and the run a silent failure. Refused before any task runs, naming each variable."""
+    unset = []
+    for name, ep in used_endpoints(cfg).items():
+        if ep.api_key_env and not os.environ.get(ep.api_key_env):
+            unset.append(f"{ep.api_key_env} (endpoint {name!r}, {ep.base_url})")
+    if tools_cfg.perception_backend == "media" and any(t.assets for t in tasks):
+        if tools_cfg.media_api_key_env and not os.environ.get(tools_cfg.media_api_key_env):
+            unset.append(f"{tools_cfg.media_api_key_env} (tools.media_base_url {tools_cfg.media_base_url})")
+    if tools_cfg.web_backend == "http" and any("web_search" in t.to_context().tools() for t in tasks):
+        if tools_cfg.web_api_key_env and not os.environ.get(tools_cfg.web_api_key_env):
+            unset.append(f"{tools_cfg.web_api_key_env} (tools.web_provider_url {tools_cfg.web_provider_url})")
+    if unset:
+        raise ValueError(
+            f"key variable(s) not set: {'; '.join(unset)}. Export them; for a server that needs no key, set the "
+            "endpoint's api_key_env: null (tools: media_api_key_env / web_api_key_env: '')"
+        )
+
+
 async def check_endpoints(cfg: CollectConfig, timeout_s: float = 10.0) -> None:
-    """Fail fast, naming the URL, when a configured endpoint does not answer GET /models at start-up."""
+    """Fail fast, naming the URL, when a configured endpoint does not answer GET /models at start-up, and naming the
+    key variable when it refuses the key (401/403)."""
 
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         for name, ep in used_endpoints(cfg).items():
@@ -168,6 +214,12 @@ async def check_endpoints(cfg: CollectConfig, timeout_s: float = 10.0) -> None:
                 r = await http.get(url, headers={"Authorization": f"Bearer {key}"} if key else {})
             except httpx.HTTPError as e:
                 raise ValueError(f"endpoint {name!r} is unreachable at {url}: {type(e).__name__}") from None
+            if r.status_code in (401, 403):
+                var = f"the key in {ep.api_key_env}" if ep.api_key_env else "no key (api_key_env is not set)"
+                raise ValueError(
+                    f"endpoint {name!r} at {url} refused {var}: HTTP {r.status_code} to GET /models; "
+                    f"{redact(r.text[:200])}"
+                )
             if r.status_code >= 400:  # some servers do not implement /models; reachable is what matters here
                 log.warning("endpoint %r at %s answered HTTP %d to GET /models", name, url, r.status_code)
 
@@ -198,9 +250,8 @@ def unlock_out(fd: int) -> None:
     os.close(fd)  # closing the descriptor releases the flock
 
 
-def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwrite: bool) -> set[str]:
-    """Create OUT, check that it belongs to this config, and return the task ids already finished there.
-    The caller holds the OUT lock (`lock_out`)."""
+def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwrite: bool) -> None:
+    """Create OUT and check that it belongs to this config. The caller holds the OUT lock (`lock_out`)."""
 
     traj = out / "trajectories.jsonl"
     meta = out / "run_config.json"
@@ -233,14 +284,23 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
     tmp = meta.with_suffix(".tmp")
     tmp.write_text(json.dumps({"config_hash": cfg.hash(), "config": cfg.to_dict()}, indent=1, default=str))
     os.replace(tmp, meta)
-    return finished_ids(traj) if traj.exists() else set()
 
 
 async def run_collection_async(
-    cfg: CollectConfig, out: Path, *, allow_mixed_config=False, overwrite=False, for_training=False
+    cfg: CollectConfig,
+    out: Path,
+    *,
+    allow_mixed_config=False,
+    overwrite=False,
+    for_training=False,
+    rerun_changed=False,
+    allow_subset=False,
 ) -> dict:
     """Run cfg's tasks into OUT (resumable). for_training: the run's trajectories become training rows (the collect
-    CLI with harvest on), so evaluation-split tasks are refused in the pre-flight."""
+    CLI with harvest on), so evaluation-split tasks are refused in the pre-flight. A finished task whose content
+    changed since it ran is refused unless `rerun_changed` (its record is dropped and it runs again); finished tasks
+    outside this selection (a smaller --limit) are refused unless `allow_subset` (summary.json then covers the
+    selection and says how many records OUT holds)."""
     out = Path(out)
     # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
     all_tasks = load_task_list(cfg)
@@ -260,6 +320,8 @@ async def run_collection_async(
         )
     if missing:
         log.warning("running %d task(s) with missing media (allow_missing_media): %s", len(missing), list(missing))
+    check_gold_chains(cfg, all_tasks)
+    check_keys(cfg, all_tasks, tools_cfg)
     held = [t.id for t in all_tasks if t.split in EVAL_SPLITS] if for_training else []
     if held:
         raise ValueError(
@@ -271,7 +333,9 @@ async def run_collection_async(
     out.mkdir(parents=True, exist_ok=True)
     lock = lock_out(out)  # one writer per OUT; the kernel also drops the lock if this process dies
     try:
-        return await _run_locked(cfg, out, all_tasks, allow_mixed_config, overwrite, corpus, missing)
+        return await _run_locked(
+            cfg, out, all_tasks, allow_mixed_config, overwrite, corpus, missing, rerun_changed, allow_subset
+        )
     finally:
         unlock_out(lock)
 
@@ -319,6 +383,7 @@ async def _run_tasks(
             rec["correct"] = correct
             rec["judge"] = judge_info
             rec["task_meta"] = _task_meta(task, missing.get(task.id))
+            rec["task_fingerprint"] = task_fingerprint(task)
             rec["gold_answer"] = task.answer
             rec["question"] = task.question
             emit(task.id, encode_record(rec), None)
@@ -329,10 +394,55 @@ async def _run_tasks(
         await pool.close()
 
 
+def _check_finished(out: Path, all_tasks, rerun_changed: bool, allow_subset: bool) -> set[str]:
+    """The finished task ids of OUT that this run keeps: a changed task is refused or (rerun_changed) dropped from
+    the trajectory file so it runs again; finished tasks outside the selection are refused unless allow_subset."""
+    path = out / "trajectories.jsonl"
+    recorded = {r["task_id"]: r.get("task_fingerprint") for _, r in iter_trajectories(path)}
+    now = {t.id: task_fingerprint(t) for t in all_tasks}
+    changed = sorted(i for i, fp in recorded.items() if i in now and fp is not None and fp != now[i])
+    if changed and not rerun_changed:
+        raise RunDirError(
+            f"{out}: {len(changed)} finished task(s) changed since they ran (e.g. {changed[:3]}): their records are "
+            "not of the tasks as they are now; rerun them with --rerun-changed, or use a new OUT"
+        )
+    if changed:
+        keep = set(changed)
+        lines = [raw for raw in path.read_bytes().splitlines(keepends=True) if _line_task_id(raw) not in keep]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(b"".join(lines))
+        os.replace(tmp, path)
+        log.warning("%d changed task(s) will run again: %s", len(changed), changed[:10])
+    outside = sorted(set(recorded) - set(now))
+    if outside and not allow_subset:
+        raise RunDirError(
+            f"{out} holds {len(outside)} finished task(s) outside this selection (e.g. {outside[:3]}), so its summary "
+            "would cover fewer tasks than its trajectories and harvest: select them all again (the same --split / "
+            "--limit), use a new OUT, or pass --allow-subset"
+        )
+    return set(recorded) - set(changed)
+
+
+def _line_task_id(raw: bytes) -> str | None:
+    try:
+        return json.loads(raw).get("task_id")
+    except (ValueError, AttributeError, RecursionError):
+        return None  # a torn line: TrajectoryWriter repairs the tail, readers skip the rest
+
+
 async def _run_locked(
-    cfg: CollectConfig, out: Path, all_tasks, allow_mixed_config, overwrite, corpus: list, missing: dict
+    cfg: CollectConfig,
+    out: Path,
+    all_tasks,
+    allow_mixed_config,
+    overwrite,
+    corpus: list,
+    missing: dict,
+    rerun_changed: bool = False,
+    allow_subset: bool = False,
 ) -> dict:
-    done = prepare_out(out, cfg, allow_mixed_config, overwrite)
+    prepare_out(out, cfg, allow_mixed_config, overwrite)
+    done = _check_finished(out, all_tasks, rerun_changed, allow_subset)
     todo = [t for t in all_tasks if t.id not in done]
     writer = TrajectoryWriter(out / "trajectories.jsonl")  # repairs a torn tail before anything is appended
     errored: dict[str, str] = {}
@@ -356,12 +466,21 @@ async def _run_locked(
         bar.close()
     wall = time.perf_counter() - t0
     wanted = {t.id for t in all_tasks}
-    records = [r for r in read_trajectories(out / "trajectories.jsonl") if r["task_id"] in wanted]
+    in_out = read_trajectories(out / "trajectories.jsonl")
+    records = [r for r in in_out if r["task_id"] in wanted]
     priced = any(e.price_in_per_mtok or e.price_out_per_mtok for e in cfg.endpoints.values())
     summary = summarize(records, prices_configured=priced)
     summary.update({"config_hash": cfg.hash(), "split": cfg.split, "arm": cfg.runtime.arm, "wall_s": round(wall, 2)})
     summary["errored_tasks"] = errored  # retried on the next run with the same OUT
     summary["workers"] = n_workers
+    # which tasks the figures cover: the selection (its size and a digest of its ids) and what OUT holds besides
+    summary["selection"] = {
+        "split": cfg.split,
+        "limit": cfg.limit,
+        "n_selected": len(all_tasks),
+        "task_ids_sha256": hashlib.sha256("\n".join(sorted(wanted)).encode()).hexdigest()[:16],
+        "n_records_in_out": len(in_out),
+    }
     if cfg.shard is not None:
         summary["shard"] = cfg.shard
     tmp = out / "summary.json.tmp"

@@ -235,7 +235,7 @@ def _base_config(cfg: EvalConfig):
 
 
 def _eval_planner(
-    cfg: EvalConfig, base, pname: str, out: Path, overwrite: bool, heldout_scores: dict, progress: bool | None = None
+    cfg: EvalConfig, base, pname: str, out: Path, run_kw: dict, heldout_scores: dict, progress: bool | None = None
 ) -> tuple[dict[str, dict], dict[str, list[dict]]]:
     """Every cell of one planner (arm x perception), each an ordinary collect run in OUT/cells/<cell>/ from the base
     collect config `base`; with `heldout`, the planner's held-out decision scores (cached per checkpoint)."""
@@ -262,7 +262,7 @@ def _eval_planner(
                     c.roles = dataclasses.replace(c.roles, planner="planner")
                 cell_out = out / "cells" / cell
                 log.info("cell %s -> %s", cell, cell_out)
-                cells[cell] = run_collection(c, cell_out, overwrite=overwrite)
+                cells[cell] = run_collection(c, cell_out, **run_kw)
                 cells[cell]["planner"] = pname
                 cells[cell]["perception"] = perc_name
                 records[cell] = list(read_trajectories(cell_out / "trajectories.jsonl"))
@@ -298,17 +298,17 @@ def _trained_on_scored(pname: str, spec, records: list[dict]) -> int | None:
     return len(both)
 
 
-def _planner_process(cfg: EvalConfig, pname: str, out: Path, overwrite: bool, threads: int) -> dict[str, dict]:
+def _planner_process(cfg: EvalConfig, pname: str, out: Path, run_kw: dict, threads: int) -> dict[str, dict]:
     """One planner's cells in a spawned process with `threads` torch threads (records are re-read by the parent)."""
     import torch
 
     torch.set_num_threads(threads)
     setup_logging()
-    cells, _ = _eval_planner(cfg, _base_config(cfg), pname, out, overwrite, {}, progress=False)
+    cells, _ = _eval_planner(cfg, _base_config(cfg), pname, out, run_kw, {}, progress=False)
     return cells
 
 
-def _run_planners_in_processes(cfg: EvalConfig, out: Path, overwrite: bool, n: int) -> dict[str, dict]:
+def _run_planners_in_processes(cfg: EvalConfig, out: Path, run_kw: dict, n: int) -> dict[str, dict]:
     """The planners N at a time, in config order, in N spawned processes (each takes the next planner). A planner that
     fails does not stop the others (their cells stay on disk, resumable); the first failure is raised once all end."""
     threads = threads_per_process(n)
@@ -318,13 +318,16 @@ def _run_planners_in_processes(cfg: EvalConfig, out: Path, overwrite: bool, n: i
         accs = ", ".join(f"{c} accuracy {s.get('accuracy')}" for c, s in cells.items())
         log.info("planner %s done (%d/%d): %s", pname, finished, total, accs)
 
-    jobs = {p: (cfg, p, out, overwrite, threads) for p in cfg.planners}
+    jobs = {p: (cfg, p, out, run_kw, threads) for p in cfg.planners}
     done, errors = run_spawned(_planner_process, jobs, n, "planner", report)
     raise_first(errors, "planner", (RunDirError,))  # main() reports these types as a clear error
     return {cell: s for p in cfg.planners for cell, s in done[p].items()}  # config order, as one process writes it
 
 
-def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
+def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False, rerun_changed: bool = False) -> dict:
+    """Every cell of the recipe into OUT/cells/ (each resumable; `overwrite` / `rerun_changed` as collect's), then
+    OUT/summary.json and OUT/report.html."""
+    run_kw = {"overwrite": overwrite, "rerun_changed": rerun_changed}
     out.mkdir(parents=True, exist_ok=True)
     base = _base_config(cfg)  # a broken base config fails here, before any cell or process starts
     n = resolve_processes(cfg.planner_processes, len(cfg.planners))
@@ -334,12 +337,12 @@ def run_eval(cfg: EvalConfig, out: Path, overwrite: bool = False) -> dict:
         for pname, spec in cfg.planners.items():  # fail before any process starts, as one process fails at its turn
             if isinstance(spec, dict) and "checkpoint" in spec:
                 require_checkpoint(spec, f"planner {pname}")
-        cells = _run_planners_in_processes(cfg, out, overwrite, n)
+        cells = _run_planners_in_processes(cfg, out, run_kw, n)
         records = {cell: list(read_trajectories(out / "cells" / cell / "trajectories.jsonl")) for cell in cells}
     else:
         heldout_scores: dict[str | None, dict | None] = {}
         for pname in cfg.planners:
-            c, r = _eval_planner(cfg, base, pname, out, overwrite, heldout_scores)
+            c, r = _eval_planner(cfg, base, pname, out, run_kw, heldout_scores)
             cells.update(c)
             records.update(r)
     return write_summary(out, {"name": cfg.name, "split": cfg.split, "limit": cfg.limit}, cells, records)
@@ -456,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default=None, help="the split to evaluate on (replaces the recipe's `split`)")
     ap.add_argument("--limit", type=int, default=None, help="the first N tasks of the split (replaces `limit`)")
     ap.add_argument("--out", default="runs/eval")
-    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--overwrite", action="store_true", help="discard the cells' earlier runs")
+    ap.add_argument("--rerun-changed", action="store_true", help="run again the tasks whose content changed since")
     ap.add_argument("--workers", default=None, help="worker processes per cell: N or 'auto' (docs/scale.md)")
     ap.add_argument(
         "--planner-processes", default=None, help="planners evaluated at once, each in its own process: N or 'auto'"
@@ -481,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 "planner_processes": args.planner_processes,
             }
             cfg = load_eval_config(args.config, args.planner, overrides)
-            summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite)
+            summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite, rerun_changed=args.rerun_changed)
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

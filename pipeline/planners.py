@@ -30,12 +30,14 @@ SERVED_KEYS = ("base_url", "model", "served_from")  # set by planner_endpoint fo
 
 def parse_planner_arg(planner: str):
     """PLANNER=offline | a checkpoint directory | an OpenAI-compatible URL (URL#model; model defaults to `planner`,
-    the name serve.vllm serves and serve.local answers to)."""
+    the name serve.vllm serves and serve.local answers to). A URL planner sends the key in PLANNER_API_KEY when that
+    variable is set, and no key otherwise (a local vLLM)."""
     if planner == "offline":
         return "offline"
     if planner.startswith(("http://", "https://")):
         url, _, model = planner.partition("#")
-        return {"endpoint": {"base_url": url, "model": model or "planner", "api_key_env": PLANNER_KEY_ENV}}
+        key_env = PLANNER_KEY_ENV if os.environ.get(PLANNER_KEY_ENV) else None
+        return {"endpoint": {"base_url": url, "model": model or "planner", "api_key_env": key_env}}
     if not Path(planner).is_dir():
         raise ValueError(f"PLANNER={planner!r} is neither 'offline', a URL#model nor an existing checkpoint directory")
     return {"checkpoint": planner}

@@ -255,7 +255,7 @@ def _image_task(tmp_path: Path) -> Path:
     return p
 
 
-def test_perception_429_then_200_is_retried_and_its_tokens_reach_the_summary(srv, tmp_path):
+def test_perception_429_then_200_is_retried_and_its_tokens_reach_the_summary(srv, tmp_path, monkeypatch):
     from collect.config import load_config
     from collect.run import run_collection
 
@@ -276,6 +276,7 @@ def test_perception_429_then_200_is_retried_and_its_tokens_reach_the_summary(srv
             "media_base_url": srv.base_url,
             "media_model": "omni-m",
             "media_root": str(tmp_path),
+            "media_api_key_env": "",  # the fake endpoint needs no key
         },
         "harvest": {"enabled": False},
         "progress": False,

@@ -17,14 +17,24 @@ from collect.run import MISSING_MEDIA_SHOWN, missing_media
 from collect.tasks import AssetSpec, Task, Tracks
 from collect.tools import ToolsConfig
 from pipeline.report import render_report
+from tests.fakes import FakeChatServer
+from tests.helpers.loop_script import critic, needs_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 OMNIGAIA = ROOT / "data/omnigaia/test_metadata.json"
 
 
 @pytest.fixture
-def omnigaia_setup(tmp_path) -> tuple[Path, list[str]]:
-    """Items 1-3 of OmniGAIA; the media of item 1 exist under the temp media root, items 2 and 3 have none."""
+def omnigaia_setup(tmp_path):
+    """Items 1-3 of OmniGAIA; the media of item 1 exist under the temp media root, items 2 and 3 have none. Real
+    benchmark tasks have no gold chain, so the need parser and critic are a scripted endpoint (no needs declared)."""
+    with FakeChatServer() as srv:
+        srv.default("need_parser", needs_reply([]))
+        srv.default("critic", critic())
+        yield _omnigaia_setup(tmp_path, srv.base_url)
+
+
+def _omnigaia_setup(tmp_path, base_url: str) -> tuple[Path, list[str]]:
     items = json.loads(OMNIGAIA.read_text())[:3]
     meta = tmp_path / "meta.json"
     meta.write_text(json.dumps(items))
@@ -37,6 +47,8 @@ def omnigaia_setup(tmp_path) -> tuple[Path, list[str]]:
         "tasks": {"kind": "omnigaia", "path": str(meta), "media_root": str(media)},
         "split": "all",
         "tools": {"perception_backend": "annotations", "web_backend": "bm25"},
+        "endpoints": {"fake": {"base_url": base_url, "model": "m", "max_retries": 0}},
+        "roles": {"need_parser": "fake", "critic": "fake"},
         "harvest": {"enabled": False},
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
