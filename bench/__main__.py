@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from collect import jsonio
 
 
 def machine() -> dict:
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
         r["machine"] = mach
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=str))
+    jsonio.write_json(out, results, default=str)
     print(f"\n{'benchmark':34s} {'figure':>12s}  {'unit':58s} {'target':>12s}  met")
     for r in results:
         met = {True: "yes", False: "NO", None: "-"}[r.get("met")]

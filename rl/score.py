@@ -27,6 +27,8 @@ import json
 import logging
 import os
 
+from collect import jsonio
+
 log = logging.getLogger("rl.score")
 
 
@@ -373,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
         res = group_reach(a.dataset_dir, a.model, a.samples, a.split, a.n, a.config, a.max_new_tokens, **sel)
     else:
         res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens, **sel)
-    print(json.dumps(res))
+    print(jsonio.dumps(res, nonfinite="string"))
     return res
 
 

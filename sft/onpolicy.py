@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from collect import jsonio
+
 
 @dataclass
 class OnPolicyConfig:
@@ -167,9 +169,7 @@ def _link_final(link: Path, target: Path) -> None:
 
 
 def _write(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    jsonio.write_json(path, obj, default=str)  # strict JSON, atomic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RunDirError, subprocess.CalledProcessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1, default=str))
+    print(jsonio.dumps({k: v for k, v in summary.items() if k != "config"}, nonfinite="string", indent=1, default=str))
     return 0
 
 
