@@ -13,8 +13,8 @@ wrong type TypeError. So:
 * `dumps(obj)` / `write_json(path, obj)` are the encoders of every file written: trajectories, harvested rows,
   summaries and stats. A value JSON cannot hold is refused (`NotJSON`, naming its path in the object, e.g.
   `steps[3].action.arguments.time_range[1]`) or, for measured figures (`nonfinite="string"`: summaries, stats, a
-  training loss that went NaN), written as the string "NaN", "Infinity" or "-Infinity": valid JSON, and never a
-  number a reader could mistake for a measurement.
+  training loss that went NaN), written as the string "NaN", "Infinity" or "-Infinity": valid JSON that no reader
+  takes for a number.
 * Every text written through them has the known secrets removed (`secret_values`: the values of the key variables
   that endpoint configs name, registered with `register_key_env`), model output included. `redact` is the stronger
   pass for error texts and log lines (also key-shaped strings: `sk-...`, `Bearer ...`); `RedactingFilter` applies it
@@ -187,7 +187,10 @@ class RedactingFilter(logging.Filter):
     """A handler filter that passes every record with `redact` applied to its message and traceback text."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string: the handler reports it, as without the filter
+            return True
         clean = redact(msg)
         if clean != msg:
             record.msg, record.args = clean, None

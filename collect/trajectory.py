@@ -92,7 +92,6 @@ _FIELD_TYPES = {
     "faults": dict,
     "final_ledger": dict,
     "task_meta": dict,
-    "judge": dict,
     "r0": dict,
 }
 

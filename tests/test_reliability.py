@@ -242,20 +242,19 @@ def test_missing_media_is_reported_per_task(tmp_path):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _collect_cli(cfg: Path, out: Path, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m collect --config CFG --out OUT` with extra environment variables (a key), output captured."""
+    cmd = [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out)]
+    return subprocess.run(cmd, cwd=ROOT, env={**_env(), **env}, capture_output=True, text=True, timeout=timeout)
+
+
 def test_api_key_is_used_but_appears_in_no_trajectory_summary_report_or_log(tmp_path, finish_planner_server):
     secret = "sk-od-test-" + "9f3a7c1e5b2d4a6f8e0c"
     srv = finish_planner_server
     seen_before = len(srv.auth_headers)  # the server is shared: look only at this run's requests
     cfg = write_config(tmp_path / "c.yaml", srv.base_url, limit=3, endpoint={"api_key_env": "OD_TEST_KEY"})
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out)],
-        cwd=ROOT,
-        env={**_env(), "OD_TEST_KEY": secret},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = _collect_cli(cfg, out, {"OD_TEST_KEY": secret})
     assert r.returncode == 0, r.stderr[-2000:]
     auth = [h for h in srv.auth_headers[seen_before:] if h]
     assert auth and all(secret in h for h in auth), "the key must reach the endpoint"
@@ -287,14 +286,7 @@ def test_a_model_reply_holding_the_key_is_redacted_from_every_file_and_the_conso
             tmp_path / "c.yaml", srv.base_url, limit=2, workers=workers, endpoint={"api_key_env": "OD_ECHO_KEY"}
         )
         out = tmp_path / "out"
-        r = subprocess.run(
-            [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out)],
-            cwd=ROOT,
-            env={**_env(), "OD_ECHO_KEY": secret},
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        r = _collect_cli(cfg, out, {"OD_ECHO_KEY": secret}, timeout=180)
         assert r.returncode == 0, r.stderr[-2000:]
         assert any(secret in h for h in srv.auth_headers), "the key must reach the endpoint"
     recs = lines(out / "trajectories.jsonl")
