@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import sys
@@ -19,6 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from bench import concurrency, context, overhead, throughput, training
+from collect import jsonio
 from collect.harvest import harvest
 from sft.tiny import build_tiny_model
 
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         r["machine"] = mach
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1, default=str))
+    jsonio.write_json(out, results, default=str)
     print(f"\n{'benchmark':34s} {'figure':>12s}  {'unit':58s} {'target':>12s}  met")
     for r in results:
         met = {True: "yes", False: "NO", None: "-"}[r.get("met")]

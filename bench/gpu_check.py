@@ -44,6 +44,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from collect import jsonio
 from sft.tiny import default_texts, save_checkpoint, train_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -689,7 +690,7 @@ def run_check(
     report["stages"] = stages_out
     report["wall_s"] = round(time.perf_counter() - t_all, 1)
     path = out / "gpu_check.json"
-    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    jsonio.write_json(path, report, default=str)
     report["json"] = str(path)
     return report
 
@@ -731,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels-only", action="store_true", help="print kernels_report() and exit")
     a = ap.parse_args(argv)
     if a.kernels_only:
-        print(json.dumps(kernels_report(), indent=1))
+        print(jsonio.dumps(kernels_report(), nonfinite="string", indent=1))
         return 0
     report = run_check(
         Path(a.out),

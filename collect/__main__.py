@@ -6,10 +6,10 @@ OUT/summary.json, then harvest OUT/sft and OUT/rl_states from the judged-correct
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from collect import jsonio
 from collect.config import load_config
 from collect.harvest import harvest
 from collect.run import RunDirError, run_collection, setup_logging
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     keys = ("n_tasks", "accuracy", "outcomes", "avg_tool_calls", "valid_action_rate", "wall_s")
-    print(json.dumps({k: summary.get(k) for k in keys}, indent=1))
+    print(jsonio.dumps({k: summary.get(k) for k in keys}, nonfinite="string", indent=1))
     if summary.get("errored_tasks"):
         print(
             f"warning: {len(summary['errored_tasks'])} task(s) did not finish (see summary.json errored_tasks); "
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if harvesting:
         stats = harvest(Path(args.out) / "trajectories.jsonl", args.out, eval_share=cfg.harvest.get("eval_share", 0.1))
-        print(json.dumps({"harvest": stats}, indent=1, default=str))
+        print(jsonio.dumps({"harvest": stats}, nonfinite="string", indent=1, default=str))
     return 3 if summary.get("errored_tasks") else 0
 
 

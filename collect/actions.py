@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import jsonschema
 
-from collect import bounds
+from collect import bounds, jsonio
 
 TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 # References (RuntimeConfig.references): text the planner writes instead of copying what the ledger already holds,
@@ -66,21 +66,27 @@ class ActionError(ValueError):
 
 
 def _loads(text: str, max_depth: int, what: str):
-    """Model-written JSON: parse errors and hostile nesting are ActionErrors; strings come back UTF-8-safe."""
+    """Model-written JSON: parse errors (every failure mode of the decoder, NaN/Infinity and numbers past what a float
+    or Python's int-string limit holds included: collect.jsonio.loads) and hostile nesting are ActionErrors; strings
+    come back UTF-8-safe."""
     try:
         return bounds.clean_json(bounds.loads(text, max_depth), max_depth)
     except bounds.TooDeep as e:
         raise ActionError("too_deep", f"{what}: {e}") from None
-    except (json.JSONDecodeError, RecursionError) as e:
+    except jsonio.BadJSON as e:
         raise ActionError("unparseable", f"{what} is not JSON: {e}") from None
 
 
 def _decode_args(args, max_depth: int) -> dict:
-    if isinstance(args, dict):
+    if isinstance(args, dict):  # already decoded (an endpoint's object, a local model's parse): same number rules
         try:
-            return bounds.clean_json(args, max_depth)
+            out = bounds.clean_json(args, max_depth)
         except bounds.TooDeep as e:
             raise ActionError("too_deep", f"arguments: {e}") from None
+        bad = jsonio.nonfinite_at(out)
+        if bad is not None:
+            raise ActionError("unparseable", f"arguments are not JSON: {bad[0]} is {bad[1]!r}, not a finite number")
+        return out
     if args is None or (isinstance(args, str) and not args.strip()):
         return {}
     if isinstance(args, str):

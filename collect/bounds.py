@@ -11,10 +11,11 @@ well-behaved reply is touched.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from collect import jsonio
 
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 
@@ -81,10 +82,11 @@ def json_depth(text: str) -> int:
 
 
 def loads(text: str, max_depth: int):
-    """json.loads that refuses nesting deeper than `max_depth` (TooDeep) instead of overflowing the recursion."""
+    """Strict JSON (collect.jsonio.loads: BadJSON for NaN/Infinity, float overflow, an integer past the digit limit,
+    bad syntax) that refuses nesting deeper than `max_depth` (TooDeep) before it is parsed."""
     if json_depth(text) > max_depth:
         raise TooDeep(f"JSON nested deeper than {max_depth} levels")
-    return json.loads(text)
+    return jsonio.loads(text)
 
 
 def clean_json(obj: Any, max_depth: int, max_str: int | None = None) -> Any:

@@ -24,6 +24,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from collect import jsonio
 from collect.actions import Action, ActionError, validate_action
 from collect.ledger import Budget, TaskContext, digest, ledger_from_dict
 from collect.trajectory import iter_trajectories
@@ -76,8 +77,8 @@ def template_messages(messages: list[dict]) -> list[dict]:
             f = tc.get("function") if isinstance(tc, dict) else None
             if isinstance(f, dict) and isinstance(f.get("arguments"), str):
                 try:
-                    args = json.loads(f["arguments"]) if f["arguments"].strip() else {}
-                except json.JSONDecodeError:
+                    args = jsonio.loads(f["arguments"]) if f["arguments"].strip() else {}
+                except jsonio.BadJSON:
                     args = None
                 if isinstance(args, dict):
                     tc = {**tc, "function": {**f, "arguments": args}}
@@ -207,7 +208,7 @@ def _save(rows: dict[str, list[dict]], out: Path, name: str) -> None:
     for split, rs in rows.items():
         with open(out / f"{name}.{split}.jsonl", "w", encoding="utf-8") as f:
             for r in rs:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                f.write(jsonio.dumps(r, what=f"{name} row of task {r.get('task_id')}", ensure_ascii=False) + "\n")
     # an empty split (eval_share 0, or very few tasks) is left out: datasets cannot reload a saved empty Dataset
     features = _features(name)
     dd = DatasetDict({split: Dataset.from_list(rs, features=features) for split, rs in rows.items() if rs})
@@ -290,7 +291,7 @@ def harvest(
         "rows_per_task_max": max(rows_per_task.values(), default=0),
         "action_distribution": dict(actions.most_common()),
     }
-    (out / "harvest_stats.json").write_text(json.dumps(result, indent=1) + "\n")
+    jsonio.write_json(out / "harvest_stats.json", result)
     return result
 
 
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(json.dumps(stats, indent=1))
+    print(jsonio.dumps(stats, nonfinite="string", indent=1))
 
 
 if __name__ == "__main__":

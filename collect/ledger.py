@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
@@ -55,8 +56,13 @@ TIME_WINDOW_RE = re.compile(r"(\d+(?:\.\d+)?)\s*s\s*(?:and|to|-|–)\s*(\d+(?:\.
 
 
 def parse_time_range(text: str) -> tuple[float, float] | None:
+    """The first window in `text`, or None. Numbers too long for a float (model-written text: 400 digits read as inf)
+    name no window: a window is copied into tool calls and trajectories, which hold finite numbers only."""
     m = TIME_WINDOW_RE.search(text or "")
-    return (float(m.group(1)), float(m.group(2))) if m else None
+    if not m:
+        return None
+    lo, hi = float(m.group(1)), float(m.group(2))
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) else None
 
 
 def need_window(query_focus: str | None, need: str | None) -> tuple[float, float] | None:

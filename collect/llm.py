@@ -4,16 +4,20 @@ classification, retry and deadline policy, usage and cost accounting, and secret
 
 `openai.AsyncOpenAI` is created with `max_retries=0`; this module decides what to retry:
   429 (rate_limit)  -> wait max(Retry-After, backoff), retry
-  5xx (server_error), timeouts (timeout), connection errors (connection), unparseable bodies (malformed) -> backoff
+  5xx (server_error), timeouts (timeout), connection errors (connection), malformed bodies -> backoff
   other 4xx          -> raise ChatError at once (a configuration problem: wrong model, bad request, bad key)
 Backoff is base * 2**attempt with +-50% jitter, capped at backoff_max_s; a Retry-After header is honoured up to the
 same cap (inf, nan, negative or unparseable values fall back to the backoff). Every `chat()` has an overall deadline
 (`deadline_s`, counted from its first attempt, across attempts and waits); past it the call raises
-ChatError("deadline"). Every fault is counted in Usage.faults. Token counts the endpoint reports are validated
-(non-negative integers up to MAX_TOKENS_PER_CALL); others are recorded as 0 and counted as a `bad_usage` fault.
+ChatError("deadline"). A body is malformed when it is not strict JSON (collect.jsonio.loads: NaN/Infinity, a float
+overflow, an integer past Python's digit limit, nesting past the recursion limit) or not shaped like a chat completion
+(choices, message, tool calls, text content). Every fault is counted in Usage.faults. Token counts the endpoint
+reports are validated (non-negative integers up to MAX_TOKENS_PER_CALL); others are recorded as 0 and counted as a
+`bad_usage` fault.
 The API key is read from the environment variable named in the EndpointConfig at client creation; it is never stored
-in a config, logged, or put in a trajectory (repr of the client hides it), and `redact()` strips it (and anything
-key-shaped) from every error text this module produces.
+in a config, logged, or put in a trajectory (repr of the client hides it); the client registers the variable with
+collect.jsonio, so `redact()` strips its value (and anything key-shaped) from every error text this module produces,
+and every file written through collect.jsonio (trajectories, summaries) has the value removed, model output included.
 
 Transport: a plain `http://` endpoint (no proxy configured for it, no credentials or query in its URL) is called over
 this module's own keep-alive HTTP/1.1 connections (`_Http1`): one request = one write of a prebuilt head and the JSON
@@ -31,7 +35,6 @@ import json
 import math
 import os
 import random
-import re
 import time
 import urllib.parse
 import urllib.request
@@ -44,9 +47,11 @@ from typing import Protocol
 
 import openai
 
+from collect import jsonio
+from collect.jsonio import REDACTED, redact, register_key_env  # noqa: F401 - re-exported: the client's redaction
+
 FAULT_KINDS = ("timeout", "rate_limit", "server_error", "connection", "malformed", "deadline", "bad_usage")
 MAX_TOKENS_PER_CALL = 10_000_000  # a token count above this in one response is not believed (bad_usage)
-REDACTED = "[REDACTED]"
 
 
 class EndpointConfig(Protocol):
@@ -153,47 +158,6 @@ def _valid_tokens(value) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Redaction
-# --------------------------------------------------------------------------------------------------------------------
-
-_KEY_ENVS: set[str] = set()  # env var names that hold endpoint keys (every client registers its own)
-_KEYISH_ENV = re.compile(r"(API_?KEY|_KEY|TOKEN|SECRET|PASSWORD)$", re.IGNORECASE)
-_TOKEN = r"[A-Za-z0-9._~+/=\-]"
-_KEY_PATTERNS = (
-    re.compile(r"\bsk-" + _TOKEN + r"{4,}"),  # OpenAI-style keys: sk-..., sk-proj-...
-    re.compile(r"(?i)\b(bearer|basic)\s+" + _TOKEN + r"{4,}"),
-    # a long token (with a digit) shortly after "key" / "token" / "secret": `api_key=...`, `key provided: ...`
-    re.compile(
-        r"(?i)\b(api[_ -]?key|key|token|secret|password)\b([\W]{0,3}[A-Za-z]{0,10}[\W]{1,3})"
-        r"(?=" + _TOKEN + r"*\d)" + _TOKEN + r"{16,}"
-    ),
-)
-
-
-def register_key_env(name: str | None) -> None:
-    """Make `redact` remove the value of env var `name` (endpoint configs name their key's variable)."""
-    if name:
-        _KEY_ENVS.add(name)
-
-
-def _known_keys() -> list[str]:
-    names = set(_KEY_ENVS) | {n for n in os.environ if _KEYISH_ENV.search(n)}
-    vals = {os.environ.get(n) or "" for n in names}
-    return sorted((v for v in vals if len(v) >= 6), key=len, reverse=True)
-
-
-def redact(text: object) -> str:
-    """`text` without secrets: the values of the key env vars endpoints name (and of env vars named like keys), and
-    key-shaped strings (`sk-...`, `Bearer ...`, a long token after `key`/`token`/`secret`)."""
-    s = str(text)
-    for v in _known_keys():
-        s = s.replace(v, REDACTED)
-    s = _KEY_PATTERNS[0].sub(REDACTED, s)
-    s = _KEY_PATTERNS[1].sub(lambda m: f"{m.group(1)} {REDACTED}", s)
-    return _KEY_PATTERNS[2].sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", s)
-
-
-# --------------------------------------------------------------------------------------------------------------------
 # Client
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -262,20 +226,38 @@ def _classify(exc: BaseException) -> tuple[str | None, float | None]:
         if code == 429:
             return "rate_limit", _retry_after_s(headers)
         return ("server_error", _retry_after_s(headers)) if code >= 500 else (None, None)
-    if isinstance(exc, openai.APIResponseValidationError | json.JSONDecodeError | UnicodeDecodeError | _Malformed):
+    if isinstance(exc, openai.APIResponseValidationError | jsonio.BadJSON | json.JSONDecodeError | UnicodeDecodeError):
+        return "malformed", None
+    if isinstance(exc, _Malformed):
         return "malformed", None
     return None, None
 
 
 class _Malformed(Exception):
-    """A 200 response without the fields every chat completion has."""
+    """A 200 response without the fields every chat completion has, or with one of the wrong type."""
+
+
+def _content_text(content) -> str:
+    """A message's `content` as text: a string as it is, null as "", a list of content parts as its text parts
+    joined (other part types, e.g. "thinking", are skipped). Anything else (a number, an object) is not a chat
+    completion's content: `_Malformed` (retried), never a TypeError further down."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        parts = [p.get("text") for p in content if p.get("type") == "text"]
+        if all(isinstance(t, str) for t in parts):
+            return "".join(parts)
+    raise _Malformed(f"message content of type {type(content).__name__}: {str(content)[:200]}")
 
 
 def _reply_fields(data) -> tuple[object, list[dict], object, dict]:
     """(content, tool calls in OpenAI shape, finish_reason, usage dict) of a parsed chat completion. Read as the SDK's
     unvalidated models read it (absent fields are None; tool calls without a `function`, e.g. custom tool calls, are
     skipped; odd scalar types pass through), except that a structurally broken reply (choices, a choice, the message,
-    the tool-call list or a function that is not an object) is `_Malformed` (retried) rather than an AttributeError."""
+    the tool-call list or a function that is not an object, content that is not text) is `_Malformed` (retried)
+    rather than an AttributeError or a TypeError."""
     choices = data.get("choices") if isinstance(data, dict) else None
     if not choices:
         raise _Malformed(f"response without choices: {str(data)[:200]}")
@@ -300,7 +282,8 @@ def _reply_fields(data) -> tuple[object, list[dict], object, dict]:
         function = {"name": fn.get("name"), "arguments": fn.get("arguments")}
         calls.append({"id": c.get("id"), "type": "function", "function": function})
     usage = data.get("usage")
-    return msg.get("content") or "", calls, choice.get("finish_reason"), usage if isinstance(usage, dict) else {}
+    text = _content_text(msg.get("content"))
+    return text, calls, choice.get("finish_reason"), usage if isinstance(usage, dict) else {}
 
 
 def _dumps(body: dict) -> bytes:
@@ -331,8 +314,8 @@ class _StatusFault(Exception):
         self.headers = headers
         msg = f"Error code: {status_code}"
         try:
-            parsed = json.loads(body.decode("utf-8", "replace").strip())
-        except ValueError:
+            parsed = jsonio.loads(body.decode("utf-8", "replace").strip())
+        except jsonio.BadJSON:  # any body: the status code is what counts
             parsed = None
         error = parsed.get("error", parsed) if isinstance(parsed, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
@@ -738,7 +721,7 @@ class ChatClient:
             else:
                 if not 200 <= status < 300:
                     raise _StatusFault(status, headers, raw)
-                return json.loads(raw)
+                return jsonio.loads(raw)
         # The client's low-level post: the same HTTP request, auth, timeout and status handling as
         # chat.completions.create, without its per-call TypedDict transform of messages and tools (plain dicts here)
         # or its pydantic response models (the body comes back as bytes and is parsed once).
@@ -746,7 +729,7 @@ class ChatClient:
             self._client.post("/chat/completions", cast_to=bytes, body=body, options={"timeout": limit}),
             timeout=min(self.cfg.timeout_s + 1.0, left),
         )
-        return json.loads(raw)
+        return jsonio.loads(raw)
 
     async def close(self) -> None:
         if self._http is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from collect.ledger import ALL_TOOLS
-from collect.tasks import AssetSpec, Task, TaskFileError, Tracks, task_error
+from collect.tasks import AssetSpec, Task, TaskFileError, task_error
 
 log = logging.getLogger(__name__)
 LEVELS = ("Easy", "Medium", "Hard")
@@ -202,13 +202,14 @@ def load_worldsense(
                 if fld not in t:
                     raise TaskFileError(f"{qa_json_path}: task id {tid!r}: field {fld}: missing")
             cands = [str(c) for c in t["candidates"]]
-            asset = AssetSpec(
-                id=f"video_{vid}",
-                type="video",
-                duration=float(duration) if duration is not None else None,
-                path=path,
-                tracks=Tracks(subtitles=subs),
-            )
+            # validated inside Task below, so a bad duration or subtitle (NaN, Infinity) names the task and field
+            asset = {
+                "id": f"video_{vid}",
+                "type": "video",
+                "duration": duration,
+                "path": path,
+                "tracks": {"subtitles": subs},
+            }
             if missing:
                 n_missing += 1
             try:

@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from collect import jsonio
 from collect.config import parse_shard
 from collect.harvest import harvest
 from collect.summary import summarize
@@ -34,8 +35,8 @@ def _meta(out: Path) -> dict:
     if not p.exists():
         raise MergeError(f"{out}: no run_config.json (not a collect OUT)")
     try:
-        meta = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        meta = jsonio.loads(p.read_bytes())
+    except jsonio.BadJSON as e:
         raise MergeError(f"{p}: unreadable ({e})") from None
     if not isinstance(meta, dict) or not meta.get("config_hash"):
         raise MergeError(f"{p}: no config_hash")
@@ -102,13 +103,8 @@ def merge(inputs: list[str | os.PathLike], out: str | os.PathLike, *, overwrite:
     if ns:
         n = ns.pop()
         missing = [f"{k}/{n}" for k in range(n) if f"{k}/{n}" not in seen_shard]
-    (out / "run_config.json").write_text(
-        json.dumps(
-            {"config_hash": metas[0]["config_hash"], "config": config, "merged_from": [str(p) for p in ins]},
-            indent=1,
-            default=str,
-        )
-    )
+    merged_meta = {"config_hash": metas[0]["config_hash"], "config": config, "merged_from": [str(p) for p in ins]}
+    jsonio.write_json(out / "run_config.json", merged_meta, nonfinite="refuse", default=str)
     old = [_summary(p) for p in ins]
     endpoints = config.get("endpoints") or {}
     priced = any((e or {}).get("price_in_per_mtok") or (e or {}).get("price_out_per_mtok") for e in endpoints.values())
@@ -131,16 +127,14 @@ def merge(inputs: list[str | os.PathLike], out: str | os.PathLike, *, overwrite:
         "missing_shards": missing,
         "tasks_per_input": [sum(1 for o in owner.values() if o == p) for p in ins],
     }
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp, out / "summary.json")
+    jsonio.write_json(out / "summary.json", summary)
     return summary
 
 
 def _summary(out: Path) -> dict:
     try:
-        return json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return jsonio.loads((out / "summary.json").read_bytes())
+    except (OSError, jsonio.BadJSON):
         return {}
 
 
@@ -157,13 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     keys = ("n_tasks", "accuracy", "outcomes", "merge")
-    print(json.dumps({k: summary.get(k) for k in keys}, indent=1))
+    print(jsonio.dumps({k: summary.get(k) for k in keys}, nonfinite="string", indent=1))
     if not args.no_harvest:
         cfg = json.loads((Path(args.out) / "run_config.json").read_text())["config"]
         h = cfg.get("harvest") or {}
         if h.get("enabled", True):
             stats = harvest(Path(args.out) / "trajectories.jsonl", args.out, eval_share=h.get("eval_share", 0.1))
-            print(json.dumps({"harvest": stats}, indent=1, default=str))
+            print(jsonio.dumps({"harvest": stats}, nonfinite="string", indent=1, default=str))
     problems = []
     if summary["errored_tasks"]:
         problems.append(f"{len(summary['errored_tasks'])} task(s) did not finish in their shard")

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from collect import judges, loaders, tasks
+from collect import jsonio, judges, loaders, tasks
 from collect.config import CollectConfig, EndpointConfig, ToolsConfig, from_mapping, parse_shard, shard_of
 from collect.harvest import EVAL_SPLITS
 from collect.ledger import INSUFFICIENT
@@ -46,10 +46,12 @@ def embedded_world(seed: int, n_tasks: int = DEFAULT_N_TASKS):
 
 
 def setup_logging() -> None:
-    """Console logging for the entry points, without the per-request INFO lines of HTTP and BM25 libraries."""
+    """Console logging for the entry points, without the per-request INFO lines of HTTP and BM25 libraries, and with
+    every record redacted (collect.jsonio.RedactingFilter)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("httpx", "httpx2", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    jsonio.install_log_redaction()  # every line the console handler writes has the known secrets removed
 
 
 def load_task_list(cfg: CollectConfig) -> list:
@@ -266,10 +268,10 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
                 "use a new OUT, --overwrite, or --allow-mixed-config"
             )
         try:
-            old_meta = json.loads(meta.read_text(encoding="utf-8"))
+            old_meta = jsonio.loads(meta.read_bytes())
             old = old_meta.get("config_hash")
             old_shard = (old_meta.get("config") or {}).get("shard")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        except (jsonio.BadJSON, AttributeError) as e:
             raise RunDirError(f"{meta}: not a run_config.json written by collect ({e}); use a new OUT") from None
         if old_shard != cfg.shard:  # the hash leaves the shard aside (shards share it); one OUT holds one share
             raise RunDirError(
@@ -281,9 +283,15 @@ def prepare_out(out: Path, cfg: CollectConfig, allow_mixed_config: bool, overwri
                 f"{out} holds trajectories of another configuration (config_hash {old} != {cfg.hash()}); "
                 "use a new OUT, --overwrite, or --allow-mixed-config"
             )
-    tmp = meta.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"config_hash": cfg.hash(), "config": cfg.to_dict()}, indent=1, default=str))
-    os.replace(tmp, meta)
+    # strict: a config value JSON cannot hold (a NaN temperature) stops the run here, naming its field
+    jsonio.write_json(meta, {"config_hash": cfg.hash(), "config": cfg.to_dict()}, nonfinite="refuse", default=str)
+
+
+def register_run_keys(cfg: CollectConfig) -> None:
+    """Make every write of this process redact the key of every endpoint the config names (collect.jsonio), before
+    any client exists: the parent writes the files, a worker encodes the records, either may meet a key first."""
+    for ep in cfg.endpoints.values():
+        jsonio.register_key_env(ep.api_key_env)
 
 
 async def run_collection_async(
@@ -302,6 +310,7 @@ async def run_collection_async(
     outside this selection (a smaller --limit) are refused unless `allow_subset` (summary.json then covers the
     selection and says how many records OUT holds)."""
     out = Path(out)
+    register_run_keys(cfg)
     # Pre-flight: everything that can fail fast does so before OUT is touched (nothing partial is written).
     all_tasks = load_task_list(cfg)
     if not all_tasks and cfg.shard is None:  # an empty shard is a valid (empty) share of a small task set
@@ -347,6 +356,7 @@ async def _run_tasks(
     `emit(task_id, line, None)` with its encoded trajectory line; for each task that did not finish
     `emit(task_id, None, error)` (nothing is written for it, so a rerun with the same OUT retries it).
     `corpus` / `missing` come from the pre-flight in the parent; a worker process (None) loads its own."""
+    register_run_keys(cfg)  # a worker process registers them itself
     tools_cfg = from_mapping(ToolsConfig, cfg.tools, "tools")
     pool = ClientPool(cfg.endpoints, concurrency=concurrency)
     if corpus is None:
@@ -386,7 +396,14 @@ async def _run_tasks(
             rec["task_fingerprint"] = task_fingerprint(task)
             rec["gold_answer"] = task.answer
             rec["question"] = task.question
-            emit(task.id, encode_record(rec), None)
+            try:
+                line = encode_record(rec)  # strict JSON, secrets removed
+            except ValueError as e:  # NotJSON (a NaN that got past the boundaries: a bug), named and not written
+                err = redact(f"{type(e).__name__}: {e}")[:300]
+                log.error("task %s: its record is not writable: %s", task.id, err)
+                emit(task.id, None, err)
+                return
+            emit(task.id, line, None)
 
     try:
         await asyncio.gather(*(one(t) for t in tasks))
@@ -483,9 +500,7 @@ async def _run_locked(
     }
     if cfg.shard is not None:
         summary["shard"] = cfg.shard
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp, out / "summary.json")
+    jsonio.write_json(out / "summary.json", summary)  # strict JSON; a figure that is not finite is written as text
     return summary
 
 

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from collect import jsonio
 from collect.bounds import json_depth
 from collect.ledger import ALL_TOOLS, Asset, Budget, TaskContext
 
@@ -45,9 +46,11 @@ OPTION_LETTERS = string.ascii_uppercase
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a misspelt field (`option` for `options`) must fail, never be dropped."""
+    """Unknown keys are errors: a misspelt field (`option` for `options`) must fail, never be dropped. Numbers are
+    finite: NaN, Infinity (and 1e400, which json reads as inf) are refused, since every file written holds strict
+    JSON (collect.jsonio)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SubtitleLine(_Strict):
@@ -131,6 +134,14 @@ class Task(_Strict):
     documents: list[Document] = Field(default_factory=list)  # this task's own web documents (added to the corpus)
     source: Literal["embedded", "omnigaia", "worldsense"] = "embedded"
     meta: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("meta")
+    @classmethod
+    def _finite_meta(cls, meta: dict[str, Any]) -> dict[str, Any]:
+        bad = jsonio.nonfinite_at(meta, dotted=True)
+        if bad is not None:
+            raise ValueError(f"meta.{bad[0]}: {bad[1]!r} is not a finite number (task values are written as JSON)")
+        return meta
 
     @field_validator("allowed_tools")
     @classmethod
@@ -426,8 +437,9 @@ def save_tasks(tasks: list[Task], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".json":
-        path.write_text(json.dumps([t.model_dump() for t in tasks], ensure_ascii=False, indent=1), encoding="utf-8")
+        text = jsonio.dumps([t.model_dump() for t in tasks], what=str(path), ensure_ascii=False, indent=1)
+        path.write_text(text, encoding="utf-8")
     else:
         with path.open("w", encoding="utf-8") as f:
             for t in tasks:
-                f.write(json.dumps(t.model_dump(), ensure_ascii=False) + "\n")
+                f.write(jsonio.dumps(t.model_dump(), what=f"{path}: task {t.id}", ensure_ascii=False) + "\n")

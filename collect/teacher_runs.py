@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+from collect import jsonio
 from collect.config import load_config
 from collect.harvest import rows_from_trajectory
 from collect.run import load_task_list, run_collection
@@ -67,7 +68,7 @@ def trajectories(n: int | None = None, split: str = "train", *, wrong_share: flo
 def write_trajectories(path: str | Path, records: list[dict]) -> Path:
     """Trajectory JSONL (the collect stage's trajectories.jsonl format) for collect.harvest."""
     path = Path(path)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    path.write_text("".join(jsonio.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     return path
 
 

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from collect import jsonio
 from collect.bounds import scrub_record
 
 
@@ -46,12 +47,15 @@ def repair_tail(path: str | Path) -> int:
 
 
 def encode_record(record: dict) -> bytes:
-    """One record as its JSONL line (UTF-8, trailing newline); the bytes `TrajectoryWriter.append` writes."""
-    text = json.dumps(record, ensure_ascii=False, sort_keys=False) + "\n"
+    """One record as its JSONL line (UTF-8, trailing newline); the bytes `TrajectoryWriter.append` writes. Strict
+    JSON with the known secrets removed (collect.jsonio.dumps): a NaN or Infinity anywhere raises NotJSON naming the
+    task and the field (model and task values are refused before they get here, so one that does is a bug)."""
+    what = f"trajectory record of task {record.get('task_id')}" if isinstance(record, dict) else "trajectory record"
+    text = jsonio.dumps(record, what=what, ensure_ascii=False, sort_keys=False) + "\n"
     try:
         return text.encode()
     except UnicodeEncodeError:  # a lone surrogate slipped past the boundary: write valid UTF-8 all the same
-        return (json.dumps(scrub_record(record), ensure_ascii=False, sort_keys=False) + "\n").encode()
+        return (jsonio.dumps(scrub_record(record), what=what, ensure_ascii=False, sort_keys=False) + "\n").encode()
 
 
 class TrajectoryWriter:
@@ -79,10 +83,40 @@ class TrajectoryWriter:
             os.close(fd)
 
 
+# Top-level fields the readers (resume, summaries, harvest) use, with the JSON type a record written by run_task holds.
+_FIELD_TYPES = {
+    "steps": list,
+    "initial_events": list,
+    "final_events": list,
+    "usage": dict,
+    "faults": dict,
+    "final_ledger": dict,
+    "task_meta": dict,
+    "r0": dict,
+}
+
+
+def record_problem(rec) -> str | None:
+    """Why a decoded line is not a trajectory record the readers can use, else None: not an object, no task_id or
+    one that is not a non-empty string (a list would break every set of ids), or a field of the wrong type."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    tid = rec.get("task_id")
+    if not isinstance(tid, str) or not tid:
+        return f"task_id is {json.dumps(tid)[:80]}" if "task_id" in rec else "no task_id"
+    for key, typ in _FIELD_TYPES.items():
+        if key in rec and not isinstance(rec[key], typ):
+            return f"task {tid[:80]!r}: field {key} is a {type(rec[key]).__name__}, not a {typ.__name__}"
+    return None
+
+
 def iter_trajectories(path: str | Path, skipped: list | None = None) -> Iterator[tuple[int, dict]]:
-    """(line number, record) of every complete record. The one torn-line policy of every reader (resume, harvest,
-    summaries): a broken line (a torn write, mid-file after a crash and a resume, or at the tail) or a line that is not
-    a trajectory record is skipped with a warning naming the file and line, and appended to `skipped`."""
+    """(line number, record) of every complete record. The one policy of every reader (resume, harvest, summaries)
+    for lines it cannot trust: a broken line (a torn write, mid-file after a crash and a resume, or at the tail), one
+    that is not strict JSON (NaN/Infinity, a number past what a float or Python's int-string limit holds, nesting
+    past the recursion limit: collect.jsonio.loads), or one that is not a usable trajectory record (`record_problem`)
+    is skipped with a warning naming the file and line, and appended to `skipped`. Its task is then not finished, so
+    resume runs it again (the new record is appended; the old line stays and is skipped on every read)."""
     p = Path(path)
     if not p.exists():
         return
@@ -91,14 +125,15 @@ def iter_trajectories(path: str | Path, skipped: list | None = None) -> Iterator
             if not raw.strip():
                 continue
             try:
-                rec = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+                rec = jsonio.loads(raw)
+            except jsonio.BadJSON as e:
                 warnings.warn(f"{p}:{i}: skipping a broken trajectory line ({e})", stacklevel=2)
                 if skipped is not None:
                     skipped.append(i)
                 continue
-            if not isinstance(rec, dict) or "task_id" not in rec:
-                warnings.warn(f"{p}:{i}: skipping a line that is not a trajectory record", stacklevel=2)
+            problem = record_problem(rec)
+            if problem is not None:
+                warnings.warn(f"{p}:{i}: skipping a line that is not a trajectory record ({problem})", stacklevel=2)
                 if skipped is not None:
                     skipped.append(i)
                 continue

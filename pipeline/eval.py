@@ -23,12 +23,12 @@ import copy
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collect import jsonio
 from collect.config import RuntimeConfig, load_config, load_recipe
 from collect.ledger import INSUFFICIENT, OUTCOMES
 from collect.processes import parse_processes, raise_first, resolve_processes, run_spawned, threads_per_process
@@ -352,9 +352,7 @@ def write_summary(out: Path, head: dict, cells: dict[str, dict], records: dict[s
     """OUT/summary.json (head, the seeds pooled per planner, every cell) and OUT/report.html."""
     planners = pool_planners(cells, records)
     summary = {**head, "planners": planners, "cells": cells}
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp, out / "summary.json")
+    jsonio.write_json(out / "summary.json", summary)  # strict JSON (a figure that is not finite: as text)
     write_report(out / "report.html", head["name"], cells, records, planners)
     return summary
 

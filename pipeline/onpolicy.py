@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collect import jsonio
 from collect.config import load_recipe
 from collect.processes import parse_processes
 from collect.run import RunDirError, setup_logging
@@ -160,9 +161,7 @@ def _link_final(link: Path, target: Path) -> None:
 
 
 def _write(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    jsonio.write_json(path, obj, default=str)  # strict JSON, atomic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RunDirError, subprocess.CalledProcessError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1, default=str))
+    print(jsonio.dumps({k: v for k, v in summary.items() if k != "config"}, nonfinite="string", indent=1, default=str))
     return 0
 
 

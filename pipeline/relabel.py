@@ -30,6 +30,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from collect import jsonio
 from collect.actions import Action, ActionError, offered_refs, resolve_refs, validate_action
 from collect.config import load_config
 from collect.harvest import _save, decision_rows, split_of
@@ -128,7 +129,7 @@ def relabel_trajectories(path: str | Path, round_: int, forbidden_ids: set[str] 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            f.write(jsonio.dumps(r, what=f"{path}: row of task {r.get('task_id')}", ensure_ascii=False) + "\n")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -180,7 +181,7 @@ def aggregate(teacher_data: str | Path, round_dirs: list[str | Path], out: str |
             "onpolicy_added_by_round": dict(sorted(added.items())),
             "onpolicy_duplicates_dropped": dupes,
         }
-    (out / "aggregate_stats.json").write_text(json.dumps(result, indent=1) + "\n")
+    jsonio.write_json(out / "aggregate_stats.json", result)
     return result
 
 
@@ -251,7 +252,7 @@ def run_relabel(
         "states_after_rejected_reply": stats["after_rejected_reply"],
         "states_after_tool_failure": stats["after_tool_failure"],
     }
-    (out / "relabel_stats.json").write_text(json.dumps(result, indent=1) + "\n")
+    jsonio.write_json(out / "relabel_stats.json", result)
     return result
 
 
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(stats, indent=1))
+    print(jsonio.dumps(stats, nonfinite="string", indent=1))
     return 0
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collect import jsonio
 from collect.actions import (
     Action,
     ActionError,
@@ -206,7 +207,7 @@ class Judge:
         if self.cache_path:
             self.cache_path.parent.mkdir(parents=True, exist_ok=True)
             with self.cache_path.open("a") as f:
-                f.write(json.dumps({"key": key, "target": s.target, "align": s.align}) + "\n")
+                f.write(jsonio.dumps({"key": key, "target": s.target, "align": s.align}) + "\n")
 
     async def score_batch(self, completions: list, columns: dict) -> list[JudgeScore | None]:
         """Scores for a TRL batch; ``columns`` are the reward kwargs (dataset columns as aligned lists)."""

@@ -32,6 +32,7 @@ import statistics
 import torch
 from datasets import load_from_disk
 
+from collect import jsonio
 from collect.actions import Action
 from collect.ledger import call_signature, canonical_args
 from rewards import build_judge, score_components, total, use_judge
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict:
         res = group_reach(a.dataset_dir, a.model, a.samples, a.split, a.n, a.config, a.max_new_tokens, **sel)
     else:
         res = score(a.dataset_dir, a.model, a.split, a.n, a.config, a.max_new_tokens, **sel)
-    print(json.dumps(res))
+    print(jsonio.dumps(res, nonfinite="string"))
     return res
 
 

@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from collect import jsonio
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: models are local paths
 
 import torch
@@ -314,7 +316,7 @@ class StateRecordingGRPOTrainer(GRPOTrainer):
             self._scored_path.parent.mkdir(parents=True, exist_ok=True)
             self._scored_path.write_text("")
         with self._scored_path.open("a") as f:
-            f.writelines(json.dumps(x) + "\n" for x in lines)
+            f.writelines(jsonio.dumps(x, nonfinite="string") + "\n" for x in lines)
 
 
 def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: dict, n_states: int) -> dict:
@@ -465,7 +467,7 @@ def train(recipe: RLRecipe):
         "grpo": recipe.training.to_dict(),
     }
     if trainer.accelerator.is_main_process:
-        (out / "rl_summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        jsonio.write_json(out / "rl_summary.json", summary, default=str)  # a NaN metric is written as "NaN"
         m = summary["metrics"]
         log.info(
             "done: %d steps in %.1fs (%.2f s/step); reward means %s",

@@ -37,6 +37,7 @@ from datasets import DatasetDict, load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
+from collect import jsonio
 from collect.harvest import message_features, template_messages
 from sft.lm_head import compact_lm_head_on_cpu
 from sft.segment_cache import segment_cached
@@ -474,7 +475,7 @@ def main(script_args: SFTScriptArguments, training_args: SFTConfig, model_args: 
     }
     if trainer.accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        jsonio.write_json(out / "train_summary.json", summary, default=str)  # a NaN loss is written as "NaN"
         loss = (
             f"loss {summary['first_loss']} -> {summary['last_loss']}"
             if losses

@@ -82,13 +82,14 @@ def test_the_chat_client_is_the_only_openai_client_built_outside_tests():
 
 
 def test_chat_client_module_is_a_leaf_and_the_old_cycle_members_import_first():
-    """collect.llm loads no other collect module; config and roles.base (the old cycle) each import cleanly as the
-    first module of a fresh interpreter."""
+    """collect.llm loads no other collect module but collect.jsonio (strict JSON and redaction, itself a leaf);
+    config and roles.base (the old cycle) each import cleanly as the first module of a fresh interpreter."""
     first = ["collect.config", "collect.roles.base"]
     code = (
         "import importlib, subprocess, sys\n"
         "import collect.llm\n"
-        "assert sorted(m for m in sys.modules if m.split('.')[0] == 'collect') == ['collect', 'collect.llm'], "
+        "assert sorted(m for m in sys.modules if m.split('.')[0] == 'collect') == "
+        "['collect', 'collect.jsonio', 'collect.llm'], "
         "sorted(m for m in sys.modules if m.split('.')[0] == 'collect')\n"
         f"for m in {first!r}:\n"
         "    subprocess.run([sys.executable, '-c', f'import {m}'], check=True)\n"

@@ -24,7 +24,7 @@ from collect.ledger import (
     state_hash,
 )
 from collect.roles.openai_roles import parse_verdict
-from collect.trajectory import TrajectoryWriter, read_trajectories
+from collect.trajectory import TrajectoryWriter, encode_record, read_trajectories
 from tests.fakes import FakeChatServer, text, tool_call
 from tests.helpers.loop_script import all_events, run
 
@@ -193,3 +193,139 @@ def test_an_oversized_planner_reply_and_tool_echo_stay_bounded(srv):
     errs = [e["error"] for e in _events(rec) if e["kind"] == "model_error"]
     assert errs[0] == "oversized"
     assert len(json.dumps(rec)) < 300_000  # before: the 2 MB query echoed into the observation and every record
+
+
+# ---- issue 52, class 4: numbers JSON cannot hold -------------------------------------------------------------------
+def _strict(line: bytes):
+    """What a strict JSON reader (RFC 8259: no NaN, Infinity or -Infinity) makes of a written line."""
+
+    def refuse(token):
+        raise ValueError(f"bare {token} token")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def _raw_call(name: str, arguments: str):
+    r = tool_call(name, {})
+    r.tool_calls[0]["function"]["arguments"] = arguments  # sent verbatim: JSON text the model wrote
+    return r
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        _raw_call("frame_confirm", '{"query": "year", "asset_id": "v1", "time_range": [1e308, Infinity]}'),
+        _raw_call("frame_confirm", '{"query": "year", "asset_id": "v1", "time_range": [0, 1e400]}'),  # -> inf
+        _raw_call("finish", '{"answer": "1999", "confidence": NaN}'),
+        _raw_call("web_search", '{"query": "year", "need_index": 0, "note": -Infinity}'),
+        text('<tool_call>{"name": "finish", "arguments": {"answer": "1999", "x": NaN}}</tool_call>'),
+    ],
+    ids=["time_range_infinity", "time_range_1e400", "finish_extra_nan", "extra_minus_infinity", "text_call_nan"],
+)
+def test_non_finite_numbers_in_a_planner_reply_are_a_model_error_and_never_written(srv, reply):
+    srv.script(
+        "planner",
+        reply,
+        tool_call("web_search", {"query": "year", "need_index": 0}),
+        tool_call("finish", {"answer": "1999"}),
+    )
+    srv.script("critic", _critic([{"need_index": 0, "status": "filled", "value": "1999"}], "SUFFICIENT"))
+    srv.default("critic", _critic([]))  # the code before the fix ran more tools: it fails on the asserts instead
+    rec = _run(srv)  # before: the first reply was an action whose Infinity/NaN the trajectory line held bare
+    errs = [(e["role"], e["error"]) for e in _events(rec) if e["kind"] == "model_error"]
+    assert errs == [("planner", "unparseable")] and rec["outcome"] == "accepted"
+    assert rec["steps"][0]["action"] is None
+    detail = next(e["detail"] for e in _events(rec) if e["kind"] == "model_error")
+    assert "not JSON" in detail, detail
+    _strict(encode_record(rec))
+
+
+def test_a_window_whose_numbers_overflow_names_no_window(srv):
+    """A need parser's focus "between 1e400-ish s and 5 s": the window it names would be [inf, 5.0], which the
+    window reference would put into the tool call and the trajectory. Such a focus names no window."""
+    huge = "9" * 400  # float() of this is inf
+    srv._queues["need_parser"].clear()
+    srv.script(
+        "need_parser", text(json.dumps({"needs": [{"need": "the year", "query_focus": f"between {huge} s and 5 s"}]}))
+    )
+    srv.script(
+        "planner",
+        tool_call("frame_confirm", {"query": "year", "asset_id": "v1", "time_range": "{window:0}", "need_index": 0}),
+        tool_call("web_search", {"query": "year", "need_index": 0}),
+        tool_call("finish", {"answer": "1999"}),
+    )
+    srv.script("critic", _critic([{"need_index": 0, "status": "filled", "value": "1999"}], "SUFFICIENT"))
+    srv.default("critic", _critic([]))  # the code before the fix ran more tools: it fails on the asserts instead
+    rec = _run(srv, references=("window",))  # before: frame_confirm ran on [inf, 5.0] and the line held a bare Infinity
+    errs = [(e["error"], e["detail"]) for e in _events(rec) if e["kind"] == "model_error"]
+    assert [k for k, _ in errs] == ["bad_arguments"] and "names no time window" in errs[0][1]
+    _strict(encode_record(rec))
+
+
+# ---- issue 52, class 5: numbers and types the decoder chokes on ---------------------------------------------------
+def test_a_5000_digit_integer_in_tool_arguments_is_a_model_error(srv):
+    srv.script(
+        "planner",
+        _raw_call("web_search", '{"query": "year", "need_index": ' + "7" * 5000 + "}"),
+        text(
+            '<tool_call>{"name": "web_search", "arguments": {"query": "y", "need_index": '
+            + "7" * 5000
+            + "}}</tool_call>"
+        ),
+        tool_call("web_search", {"query": "year", "need_index": 0}),
+        tool_call("finish", {"answer": "1999"}),
+    )
+    srv.script("critic", _critic([{"need_index": 0, "status": "filled", "value": "1999"}], "SUFFICIENT"))
+    srv.default("critic", _critic([]))  # the code before the fix ran more tools: it fails on the asserts instead
+    rec = _run(srv)  # before: ValueError (Python's int-string limit) escaped parse_action and errored the task
+    errs = [(e["role"], e["error"]) for e in _events(rec) if e["kind"] == "model_error"]
+    assert errs == [("planner", "unparseable")] * 2 and rec["outcome"] == "accepted"
+    _strict(encode_record(rec))
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        '{"verdict": "SUFFICIENT", "updated_need_statuses": [{"need_index": Infinity, "status": "filled"}]}',
+        "{'verdict': 'SUFFICIENT', 'updated_need_statuses': [{'need_index': 1e999, 'status': 'filled'}]}",
+        '{"verdict": "SUFFICIENT", "updated_need_statuses": [{"need_index": ' + "3" * 5000 + ', "status": "filled"}]}',
+        "{'verdict': 'SUFFICIENT', 'updated_need_statuses': [{[0]: 1}]}",  # literal_eval: unhashable key
+        '{"verdict": "SUFFICIENT", "updated_need_statuses": 5}',
+        '{"verdict": "SUFFICIENT", "updated_need_statuses": [{"need_index": 0, "status": "filled", "value": NaN}]}',
+    ],
+    ids=[
+        "need_index_infinity",
+        "need_index_1e999_literal",
+        "need_index_5000_digits",
+        "unhashable",
+        "not_a_list",
+        "nan",
+    ],
+)
+def test_critic_replies_with_hostile_numbers_and_types_are_unreadable_or_dropped_never_a_crash(srv, reply):
+    srv.script(
+        "planner",
+        tool_call("web_search", {"query": "year", "need_index": 0}),
+        tool_call("web_search", {"query": "year again", "need_index": 0}),
+        tool_call("finish", {"answer": "1999"}),
+    )
+    srv.script("critic", text(reply), _critic([{"need_index": 0, "status": "filled", "value": "1999"}], "SUFFICIENT"))
+    rec = _run(srv)  # before: OverflowError / ValueError / TypeError out of parse_verdict errored the task
+    assert rec["outcome"] == "accepted"
+    first = rec["steps"][0]["verdict"]
+    assert first["updates"] == [] and rec["final_ledger"]["needs"][0]["value"] == "1999"
+    _strict(encode_record(rec))
+
+
+def test_a_need_parser_reply_with_non_finite_numbers_is_unreadable(srv):
+    srv._queues["need_parser"].clear()
+    srv.script("need_parser", text('{"needs": [{"need": "the year", "depends_on": [Infinity], "query_focus": NaN}]}'))
+    srv.script(
+        "planner", tool_call("web_search", {"query": "year", "need_index": 0}), tool_call("finish", {"answer": "1999"})
+    )
+    srv.script("critic", _critic([{"need_index": 0, "status": "filled", "value": "1999"}], "SUFFICIENT"))
+    srv.default("critic", _critic([]))  # the code before the fix ran more tools: it fails on the asserts instead
+    rec = _run(srv)
+    assert rec["usage"]["need_parser"]["faults"] == {"malformed": 1}  # unreadable: the question becomes the need
+    assert rec["need_parse"]["needs"][0]["need"] == R0.question
+    _strict(encode_record(rec))

@@ -468,3 +468,61 @@ def test_oversized_bodies_are_refused_not_buffered(raw, monkeypatch):
     raw.default = {"send": reply(completion("ok"))}
     (r,), _ = calls(ep(raw.base_url, max_retries=3))
     assert len(bomb) < 4096 and r.text == "ok" and r.usage.faults == {"connection": 3}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# issue 52, classes 4 and 5: 200 bodies the JSON decoder chokes on, or that are not strict JSON
+# --------------------------------------------------------------------------------------------------------------------
+
+_DEEP = 100_000
+
+
+def _with_usage(usage_json: bytes) -> bytes:
+    """A completion whose usage object is the raw JSON text given (numbers json.dumps cannot write)."""
+    return completion("x", usage={"prompt_tokens": 1}).replace(b'{"prompt_tokens": 1}', usage_json)
+
+
+_CHOKING = {
+    "nested_100000_deep": b'{"choices": ' + b"[" * _DEEP + b"]" * _DEEP + b"}",  # RecursionError
+    "usage_5000_digits": _with_usage(b'{"prompt_tokens": ' + b"9" * 5000 + b"}"),  # ValueError: int-string limit
+    "content_a_number": completion(5),  # TypeError downstream (len, strip)
+    "content_an_object": completion({"text": "x"}),
+    "usage_nan": _with_usage(b'{"prompt_tokens": NaN, "completion_tokens": 1}'),  # not JSON
+    "usage_1e400": _with_usage(b'{"prompt_tokens": 1e400}'),  # overflows to inf
+    "arguments_object_with_infinity": completion(
+        None, tool_calls=[{"id": "1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]
+    ).replace(b'{"a": 1}', b'{"a": Infinity}'),
+}
+
+
+@pytest.mark.parametrize("transport", ["auto", "sdk"])
+@pytest.mark.parametrize("name", list(_CHOKING))
+def test_a_200_body_the_decoder_chokes_on_is_malformed_and_retried(raw, transport, name):
+    raw.script({"send": reply(_CHOKING[name])})
+    raw.default = {"send": reply(completion("ok"))}
+    (r,), _ = calls(ep(raw.base_url), transport=transport)  # before: the exception escaped chat() (no retry)
+    assert not isinstance(r, ChatError), r
+    assert r.text == "ok" and r.usage.faults == {"malformed": 1} and r.usage.retries == 1
+
+
+@pytest.mark.parametrize("transport", ["auto", "sdk"])
+def test_a_body_that_keeps_choking_ends_as_a_malformed_chat_error(raw, transport):
+    raw.default = {"send": reply(_CHOKING["usage_5000_digits"])}
+    (r,), _ = calls(ep(raw.base_url, max_retries=2), transport=transport)
+    assert isinstance(r, ChatError) and r.kind == "malformed" and r.usage.faults == {"malformed": 3}
+
+
+def test_content_as_text_parts_reads_as_their_text(raw):
+    parts = [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "one "}]
+    parts.append({"type": "text", "text": "two"})
+    raw.script({"send": reply(completion(parts))})
+    (r,), _ = calls(ep(raw.base_url))
+    assert r.text == "one two" and r.usage.faults == {}
+
+
+@pytest.mark.parametrize("transport", ["auto", "sdk"])
+def test_an_error_body_nested_deep_is_still_the_status_error(raw, transport):
+    deep = b'{"error": ' + b"[" * _DEEP + b"]" * _DEEP + b"}"
+    raw.default = {"send": reply(deep, status="400 Bad Request")}
+    (r,), _ = calls(ep(raw.base_url), transport=transport)  # before (lean): RecursionError out of the status fault
+    assert isinstance(r, ChatError) and r.kind == "status" and "HTTP 400" in str(r)

@@ -20,6 +20,7 @@ from collect.config import load_config
 from collect.run import run_collection
 from tests.fakes import (
     FakeChatServer,
+    Reply,
     empty,
     fault_429,
     fault_500,
@@ -241,20 +242,19 @@ def test_missing_media_is_reported_per_task(tmp_path):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _collect_cli(cfg: Path, out: Path, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m collect --config CFG --out OUT` with extra environment variables (a key), output captured."""
+    cmd = [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out)]
+    return subprocess.run(cmd, cwd=ROOT, env={**_env(), **env}, capture_output=True, text=True, timeout=timeout)
+
+
 def test_api_key_is_used_but_appears_in_no_trajectory_summary_report_or_log(tmp_path, finish_planner_server):
     secret = "sk-od-test-" + "9f3a7c1e5b2d4a6f8e0c"
     srv = finish_planner_server
     seen_before = len(srv.auth_headers)  # the server is shared: look only at this run's requests
     cfg = write_config(tmp_path / "c.yaml", srv.base_url, limit=3, endpoint={"api_key_env": "OD_TEST_KEY"})
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "collect", "--config", str(cfg), "--out", str(out)],
-        cwd=ROOT,
-        env={**_env(), "OD_TEST_KEY": secret},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = _collect_cli(cfg, out, {"OD_TEST_KEY": secret})
     assert r.returncode == 0, r.stderr[-2000:]
     auth = [h for h in srv.auth_headers[seen_before:] if h]
     assert auth and all(secret in h for h in auth), "the key must reach the endpoint"
@@ -267,6 +267,58 @@ def test_api_key_is_used_but_appears_in_no_trajectory_summary_report_or_log(tmp_
     for p in files:
         assert secret not in p.read_text(errors="ignore"), p
     assert secret not in r.stdout and secret not in r.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_model_reply_holding_the_key_is_redacted_from_every_file_and_the_console(tmp_path, workers):
+    """Issue 52, class 7: the planner (an endpoint that saw the key, or a model that was told it) writes the key into
+    its reply text, a tool query and its answer. Nothing OUT holds, nor stdout/stderr, may contain it. The key is not
+    key-shaped, so only the redaction of known values (every api_key_env the config names) can catch it."""
+    secret = "velvet-otter-4242-lantern-0917"
+    with FakeChatServer() as srv:
+        srv.script(
+            "planner",
+            Reply(content=f"Thinking. My key is {secret}."),  # no tool call: a model error holding the key
+            tool_call("web_search", {"query": f"who owns {secret}", "need_index": 0}),
+        )
+        srv.default("planner", tool_call("finish", {"answer": f"the answer is {secret}"}))
+        cfg = write_config(
+            tmp_path / "c.yaml", srv.base_url, limit=2, workers=workers, endpoint={"api_key_env": "OD_ECHO_KEY"}
+        )
+        out = tmp_path / "out"
+        r = _collect_cli(cfg, out, {"OD_ECHO_KEY": secret}, timeout=180)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert any(secret in h for h in srv.auth_headers), "the key must reach the endpoint"
+    recs = lines(out / "trajectories.jsonl")
+    assert len(recs) == 2 and "[REDACTED]" in json.dumps(recs)  # before: the key verbatim in every record
+    outputs = [s["planner_output"] for rec in recs for s in rec["steps"]]
+    assert any("My key is [REDACTED]." in (o["text"] or "") for o in outputs)
+    for p in out.rglob("*"):
+        if p.is_file():
+            assert secret not in p.read_text(errors="ignore"), p
+    assert secret not in r.stdout and secret not in r.stderr
+
+
+def test_logs_written_through_setup_logging_are_redacted(tmp_path):
+    secret = "velvet-otter-4242-lantern-0917"
+    code = (
+        "import logging, os\n"
+        "from collect.run import setup_logging\n"
+        "from collect.llm import register_key_env\n"
+        "setup_logging()\n"
+        "register_key_env('OD_LOG_KEY')\n"
+        "logging.getLogger('collect.loop').warning('model said %s', os.environ['OD_LOG_KEY'])\n"
+        "try:\n"
+        "    raise ValueError('reply ' + os.environ['OD_LOG_KEY'])\n"
+        "except ValueError:\n"
+        "    logging.getLogger('collect').exception('task crashed')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**_env(), "OD_LOG_KEY": secret}, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert "model said [REDACTED]" in r.stderr and "ValueError: reply [REDACTED]" in r.stderr, r.stderr
+    assert secret not in r.stderr and secret not in r.stdout
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -174,3 +174,57 @@ def test_worldsense_answer_outside_the_candidates_names_file_and_task(tmp_path):
         load_worldsense(p)
     msg = str(e.value)
     assert str(p) in msg and "worldsense-vidX-task0" in msg and "field answer:" in msg
+
+
+# ---- issue 52: numbers JSON cannot hold are refused at load, naming file, task and field ---------------------------
+_TASK = {"id": "fx-nan-1", "question": "q?", "answer": "a"}
+
+
+@pytest.mark.parametrize(
+    "asset_json,field",
+    [
+        ('{"id": "v1", "type": "video", "duration": NaN}', "assets.0.duration"),
+        ('{"id": "v1", "type": "video", "duration": -Infinity}', "assets.0.duration"),
+        ('{"id": "v1", "type": "video", "duration": 1e400}', "assets.0.duration"),  # json reads it as inf
+        (
+            '{"id": "v1", "type": "video", "tracks": {"subtitles": [{"start": 0, "end": Infinity, "text": "x"}]}}',
+            "assets.0.tracks.subtitles.0.end",
+        ),
+    ],
+)
+def test_a_non_finite_number_in_a_task_is_refused_naming_file_task_and_field(tmp_path, asset_json, field):
+    p = tmp_path / "tasks.jsonl"
+    p.write_text(json.dumps(_TASK)[:-1] + ', "assets": [' + asset_json + "]}\n")
+    with pytest.raises(TaskFileError) as e:
+        load_tasks(p)  # before: loaded, and the run wrote the bare NaN / Infinity into trajectories.jsonl
+    msg = str(e.value)
+    assert str(p) in msg and "'fx-nan-1'" in msg and f"field {field}:" in msg and "finite" in msg, msg
+
+
+def test_a_non_finite_number_in_task_meta_is_refused_naming_its_path(tmp_path):
+    p = tmp_path / "tasks.json"
+    p.write_text(json.dumps([_TASK])[:-2] + ', "meta": {"scores": [1, NaN]}}]')
+    with pytest.raises(TaskFileError) as e:
+        load_tasks(p)
+    msg = str(e.value)
+    assert str(p) in msg and "'fx-nan-1'" in msg and "field meta.scores.1:" in msg and "finite" in msg, msg
+
+
+def test_benchmark_loaders_refuse_non_finite_numbers_naming_file_task_and_field(tmp_path):
+    from collect.loaders import load_omnigaia
+
+    ws = tmp_path / "worldsense_qa.json"
+    ws.write_text(
+        '{"vidX": {"duration": NaN, "task0": {"question": "q?", "candidates": ["A. x", "B. y"], "answer": "A"}}}'
+    )
+    with pytest.raises(TaskFileError) as e:
+        load_worldsense(ws)
+    msg = str(e.value)
+    assert str(ws) in msg and "worldsense-vidX-task0" in msg and "field assets.0.duration:" in msg, msg
+    og = tmp_path / "test_metadata.json"
+    item = '{"id": 3, "question": "q?", "answer": "a", "omni_modal_input": [{"type": "video", "path": "v.mp4", '
+    og.write_text("[" + item + '"time_span": [0, Infinity]}]}]')
+    with pytest.raises(TaskFileError) as e:
+        load_omnigaia(og)
+    msg = str(e.value)
+    assert str(og) in msg and "task id 3" in msg and "field meta.time_spans.v.1:" in msg, msg

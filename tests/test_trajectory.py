@@ -153,3 +153,82 @@ def test_the_references_offered_are_part_of_the_config_hash_in_canonical_order()
     )
     with pytest.raises(ValueError, match="unknown reference kind 'values'"):
         RuntimeConfig(references=("values",))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# issue 52: lines a reader cannot trust, and values a writer cannot write
+# --------------------------------------------------------------------------------------------------------------------
+
+_UNTRUSTED_LINES = {
+    "5000_digit_number": '{"task_id": "big", "x": ' + "9" * 5000 + "}",
+    "nan_token": '{"task_id": "nan", "latency_s": NaN}',
+    "infinity_token": '{"task_id": "inf", "steps": [{"time_range": [1e308, Infinity]}]}',
+    "float_overflow": '{"task_id": "ovf", "x": 1e400}',
+    "task_id_a_list": '{"task_id": ["a", "b"]}',
+    "task_id_a_number": '{"task_id": 7}',
+    "task_id_empty": '{"task_id": ""}',
+    "nested_deep": '{"task_id": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "steps_not_a_list": '{"task_id": "shape", "steps": "none"}',
+    "usage_not_an_object": '{"task_id": "shape2", "usage": [1]}',
+}
+
+
+def test_resume_skips_every_untrusted_line_naming_file_and_line(tmp_path, records):
+    path = tmp_path / "traj.jsonl"
+    w = TrajectoryWriter(path)
+    w.append(records[0])
+    with open(path, "a") as f:
+        for line in _UNTRUSTED_LINES.values():
+            f.write(line + "\n")
+    w.append(records[1])
+    with pytest.warns(UserWarning) as caught:
+        ids = finished_ids(path)  # before: ValueError (int-string limit) / TypeError (unhashable list) tracebacks
+    assert ids == {"task-0", "task-1"}
+    msgs = [str(m.message) for m in caught]
+    for k in range(2, 2 + len(_UNTRUSTED_LINES)):
+        assert any(m.startswith(f"{path}:{k}: skipping") for m in msgs), (k, msgs)
+
+
+@pytest.mark.parametrize(
+    "value,where",
+    [
+        (float("inf"), "steps[0].action.arguments.time_range[1]"),
+        (float("nan"), "steps[0].action.arguments.time_range[1]"),
+    ],
+)
+def test_the_writer_refuses_a_value_json_cannot_hold_naming_its_field(tmp_path, value, where):
+    path = tmp_path / "traj.jsonl"
+    rec = {"task_id": "x", "steps": [{"action": {"name": "frame_confirm", "arguments": {"time_range": [0.0, value]}}}]}
+    with pytest.raises(ValueError) as e:
+        TrajectoryWriter(path).append(rec)  # before: written as a bare Infinity / NaN token
+    assert where in str(e.value) and "task x" in str(e.value)
+    assert not path.exists() or path.read_bytes() == b""
+
+
+def test_a_resumed_out_with_untrusted_lines_reruns_those_tasks_and_summarizes(tmp_path):
+    """The engine's resume (collect/run.py) on an OUT whose trajectories.jsonl holds a line with a 5,000-digit number
+    and one whose task_id is a list: no traceback; the tasks of those lines run again; warnings name file and line."""
+    from collect.config import load_config
+    from collect.run import run_collection
+    from tests.test_reliability import write_config
+
+    with FakeChatServer() as srv:
+        srv.default("planner", tool_call("finish", {"answer": "unknown"}))
+        cfg = load_config(write_config(tmp_path / "c.yaml", srv.base_url, limit=3))
+        out = tmp_path / "out"
+        first = run_collection(cfg, out)
+        traj = out / "trajectories.jsonl"
+        lines = traj.read_text().splitlines()
+        recs = [json.loads(x) for x in lines]
+        ids = [r["task_id"] for r in recs]
+        bad_list = json.dumps({**recs[1], "task_id": [recs[1]["task_id"]]})
+        bad_big = json.dumps(recs[2]).replace('"model_errors": ', '"model_errors": ' + "9" * 5000 + ', "was": ', 1)
+        traj.write_text("\n".join([lines[0], bad_list, bad_big]) + "\n")
+        with pytest.warns(UserWarning) as caught:
+            second = run_collection(cfg, out)  # before: TypeError / ValueError traceback naming no file or line
+    msgs = [str(m.message) for m in caught]
+    assert any(m.startswith(f"{traj}:2: skipping") for m in msgs) and any(
+        m.startswith(f"{traj}:3: skipping") for m in msgs
+    )
+    assert first["n_tasks"] == second["n_tasks"] == 3 and second["errored_tasks"] == {}
+    assert sorted(r["task_id"] for r in read_trajectories(traj)) == sorted(ids)  # the two tasks ran again, once

@@ -12,10 +12,10 @@ Transport failures (collect.llm.ChatError) propagate: they are program/infrastru
 from __future__ import annotations
 
 import ast
-import json
+import math
 import re
 
-from collect import bounds
+from collect import bounds, jsonio
 from collect.ledger import (
     CLOSURE_LEVELS,
     NEED_ROLES,
@@ -65,20 +65,43 @@ def _balanced_spans(text: str, open_ch: str = "{", close_ch: str = "}") -> list[
     return spans
 
 
+def _json_like(v) -> bool:
+    """Whether a Python literal is what JSON could have said: dicts with string keys, lists/tuples, strings, bools,
+    None, ints and finite floats (no inf from 1e999, no complex, sets or bytes). Iterative."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if not all(isinstance(k, str) for k in x):
+                return False
+            stack.extend(x.values())
+        elif isinstance(x, list | tuple):
+            stack.extend(x)
+        elif isinstance(x, float):
+            if not math.isfinite(x):
+                return False
+        elif not (x is None or isinstance(x, str | int)):  # bool is an int
+            return False
+    return True
+
+
 def _loads_lenient(s: str):
+    """JSON, else a Python literal; None when neither reads. Strict about numbers either way (collect.jsonio.loads:
+    no NaN/Infinity, no float overflow, no integer past the digit limit), and no failure of either decoder escapes."""
     if bounds.json_depth(s) > _MAX_DEPTH:
         return None  # hostile nesting: unreadable, never a RecursionError
     for candidate in (s, _TRAILING_COMMA_RE.sub(r"\1", s)):
         try:
-            return json.loads(candidate)
-        except (json.JSONDecodeError, RecursionError):
+            return jsonio.loads(candidate)
+        except jsonio.BadJSON:
             pass
     py = _TRAILING_COMMA_RE.sub(r"\1", s)
     py = re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", re.sub(r"\bnull\b", "None", py)))
     try:
-        return ast.literal_eval(py)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        v = ast.literal_eval(py)
+    except (SyntaxError, MemoryError, *jsonio.DECODE_ERRORS):  # TypeError: an unhashable key, {[0]: 1}
         return None
+    return v if _json_like(v) else None
 
 
 def parse_json_object(text: str | None) -> dict | None:
@@ -147,12 +170,13 @@ def parse_verdict(text: str) -> Verdict | None:
     verdict = _choice(obj.get("verdict"), VERDICTS, "INSUFFICIENT")
     gap = obj.get("gap_diagnosis") if isinstance(obj.get("gap_diagnosis"), dict) else {}
     updates = []
-    for u in obj.get("updated_need_statuses") or []:
+    raw_updates = obj.get("updated_need_statuses")
+    for u in raw_updates if isinstance(raw_updates, list) else []:
         if not isinstance(u, dict):
             continue
         try:
             idx = int(u.get("need_index"))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # None, "x", a huge string; inf
             continue
         status = _choice(u.get("status"), NEED_STATUSES, "")
         if not status:

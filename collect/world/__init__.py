@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from collect import jsonio
 from collect.tasks import Task
 from collect.world.generator import FAMILIES, KINDS, generate
 
@@ -61,7 +62,7 @@ class World:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+        return jsonio.dumps(self.to_dict(), what="world", ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, d: dict) -> World:
