@@ -256,7 +256,7 @@ def test_a_window_whose_numbers_overflow_names_no_window(srv):
     )
     srv.script("critic", _critic([{"need_index": 0, "status": "filled", "value": "1999"}], "SUFFICIENT"))
     srv.default("critic", _critic([]))  # the code before the fix ran more tools: it fails on the asserts instead
-    rec = _run(srv, references=("window",))  # before: frame_confirm ran on [inf, 5.0] and the line held a bare Infinity
+    rec = _run(srv, references=("window",))  # before: frame_confirm ran on [inf, 5.0], a bare Infinity in the line
     errs = [(e["error"], e["detail"]) for e in _events(rec) if e["kind"] == "model_error"]
     assert [k for k, _ in errs] == ["bad_arguments"] and "names no time window" in errs[0][1]
     _strict(encode_record(rec))
