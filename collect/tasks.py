@@ -247,7 +247,13 @@ def _check_formula(field: str, formula: str, depends_on: list[int]) -> None:
         raise ValueError(f"{field}: the formula {formula!r} is not a Python expression ({e.msg})") from None
     from collect.world.compute import helper_names  # here: collect.world imports this module
 
-    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    bound = set()  # names the formula binds itself: comprehension targets, lambda parameters, := targets
+    for node in ast.walk(tree):
+        if isinstance(node, ast.comprehension | ast.NamedExpr):
+            bound.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Lambda):
+            bound.update(a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg))
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} - bound
     for name in sorted(names):
         m = _VALUE_NAME.fullmatch(name)
         if m and int(m.group(1)) not in depends_on:

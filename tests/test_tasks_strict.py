@@ -225,6 +225,18 @@ def test_a_compute_formula_names_only_known_helpers():
     assert "to_num" in msg  # the helpers it can use
 
 
+def test_a_compute_formula_may_bind_its_own_names(tmp_path):
+    task = json.loads((DATA / "compute_unknown_helper.json").read_text())[0]
+    focus = "compute: fmt(max(x * k for x in [to_num(v1)] for k in (0.621371,))) or (lambda y: y)(0)"
+    task["gold_chain"][2]["query_focus"] = focus
+    (tmp_path / "t.json").write_text(json.dumps([task]))
+    assert load_tasks(tmp_path / "t.json")[0].gold_chain[2].query_focus == focus
+    task["gold_chain"][2]["query_focus"] = "compute: to_num(v1) *"
+    (tmp_path / "t.json").write_text(json.dumps([task]))
+    with pytest.raises(TaskFileError, match="field gold_chain.2.query_focus: .* not a Python expression"):
+        load_tasks(tmp_path / "t.json")
+
+
 def test_every_formula_of_the_embedded_world_and_the_external_example_passes():
     from collect.world import load_world
 
