@@ -22,6 +22,7 @@ import yaml
 from collect.actions import reference_kinds
 from collect.bounds import Limits
 from collect.ledger import Budget
+from collect.tasks import TASK_LIMIT_KEYS, TaskLimits
 from collect.world import DEFAULT_N_TASKS
 
 ARMS = ("ledger", "react", "memory")
@@ -224,6 +225,17 @@ class TaskSource:
     corpus: str | None = field(
         default=None, metadata={"help": "web corpus JSONL for bm25 search (file: default <stem>.corpus.jsonl)"}
     )
+    # size limits of what is read (collect.tasks.TaskLimits checks them; they stay out of CollectConfig.hash())
+    max_file_bytes: int = field(
+        default=TaskLimits.max_file_bytes, metadata={"help": "largest task, benchmark or corpus file (bytes)"}
+    )
+    max_record_bytes: int = field(
+        default=TaskLimits.max_record_bytes, metadata={"help": "longest JSONL line of a task or corpus file (bytes)"}
+    )
+    max_question_chars: int = field(default=TaskLimits.max_question_chars, metadata={"help": "longest question"})
+    max_document_chars: int = field(
+        default=TaskLimits.max_document_chars, metadata={"help": "longest corpus/task document (title + text)"}
+    )
 
     def __post_init__(self):
         if self.kind not in ("embedded", "file", "omnigaia", "worldsense"):
@@ -297,6 +309,8 @@ class CollectConfig:
         # the default world size stays out: hashes (and resumable OUTs) from before the key are unchanged
         if d["tasks"].get("n_tasks") == DEFAULT_N_TASKS:
             d["tasks"].pop("n_tasks")
+        for k in TASK_LIMIT_KEYS:  # whether a task loads, not what its trajectory means
+            d["tasks"].pop(k, None)
         for ep in (d.get("endpoints") or {}).values():
             # a checkpoint served for this run only (pipeline.eval, pipeline.relabel) listens on a fresh port each run:
             # what the trajectories mean is the checkpoint, so its fingerprint stands in for the URL

@@ -3,7 +3,9 @@
 Real benchmark tasks carry no gold chain (the need parser must work from the question). Missing optional fields never
 crash a load; media that cannot be found is listed per task in task.meta["missing_media"] and summarised in one
 logged warning. Every task built here passes the strict schema of collect.tasks: a bad item (e.g. a WorldSense answer
-that is not one of the candidate letters) raises TaskFileError naming the file, the task and the field.
+that is not one of the candidate letters) raises TaskFileError naming the file, the task and the field. Files are
+read within collect.tasks.TaskLimits (file size, question length); a subtitle file entry that ends before it starts
+is refused naming the subtitle file.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from collect.ledger import ALL_TOOLS
-from collect.tasks import AssetSpec, Task, TaskFileError, task_error
+from collect.tasks import (
+    AssetSpec,
+    Task,
+    TaskFileError,
+    TaskLimits,
+    check_task_sizes,
+    read_bounded,
+    task_error,
+)
 
 log = logging.getLogger(__name__)
 LEVELS = ("Easy", "Medium", "Hard")
@@ -34,7 +44,7 @@ WORLDSENSE_TRAIN_SHARE = 5  # one video in five (by a hash of its id) is a train
 @cache
 def omnigaia_splits(path: str | Path = OMNIGAIA_SPLITS) -> dict[str, str]:
     """task id ("omnigaia-<id>") -> "train" | "test", from the shipped split file."""
-    data = _read_json(path)
+    data = _read_json(path, TaskLimits(), "split file")
     return {tid: split for split in ("train", "test") for tid in data.get(split) or []}
 
 
@@ -46,24 +56,28 @@ def worldsense_split(video_id: str) -> str:
     return "train" if h % WORLDSENSE_TRAIN_SHARE == 0 else "test"
 
 
-def _read_json(path: str | Path):
+def _read_json(path: str | Path, limits: TaskLimits, what: str = "benchmark file"):
     path = Path(path)
+    text = read_bounded(path, limits, what)  # size limit; not UTF-8 names line and byte
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise TaskFileError(f"{path}: cannot read: {e}") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise TaskFileError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
+    except RecursionError:
+        raise TaskFileError(f"{path}: JSON nested too deeply; not a {what}") from None
 
 
 def _answer_type(answer: str) -> str:
     return "number" if re.fullmatch(r"\s*-?[\d,]*\.?\d+\s*%?\s*", answer or "") else "open"
 
 
-def load_omnigaia(metadata_path: str | Path, media_root: str | Path | None = None) -> list[Task]:
+def load_omnigaia(
+    metadata_path: str | Path, media_root: str | Path | None = None, limits: TaskLimits | None = None
+) -> list[Task]:
     """Load OmniGAIA's test_metadata.json (a list of items). Asset paths are relative to media_root
     (`data_media_test/`); without a media root every asset is reported missing."""
-    data = _read_json(metadata_path)
+    limits = limits or TaskLimits()
+    data = _read_json(metadata_path, limits)
     if not isinstance(data, list):
         raise TaskFileError(f"{metadata_path}: expected a JSON list of items, got {type(data).__name__}")
     tasks: list[Task] = []
@@ -134,6 +148,7 @@ def load_omnigaia(metadata_path: str | Path, media_root: str | Path | None = Non
             )
         except ValidationError as e:
             raise task_error(metadata_path, f"item {pos}", raw_id, e) from None
+        check_task_sizes(task, metadata_path, f"item {pos}", limits)
         tasks.append(task)
     if n_missing_tasks:
         log.warning(
@@ -163,25 +178,48 @@ def parse_srt(text: str) -> list[dict]:
     return out
 
 
-def _subtitles(subtitles_root: str | Path | None, vid: str) -> list[dict]:
+def _subtitles(subtitles_root: str | Path | None, vid: str, limits: TaskLimits) -> list[dict]:
+    """The subtitles of one video from `<vid>.srt` or `<vid>.json`; an entry that is malformed or ends before it
+    starts raises TaskFileError naming the subtitle file, the entry and the video (all its tasks share it)."""
     if subtitles_root is None:
         return []
     root = Path(subtitles_root)
     srt, js = root / f"{vid}.srt", root / f"{vid}.json"
     if srt.exists():
-        return parse_srt(srt.read_text(encoding="utf-8", errors="replace"))
-    if js.exists():
-        data = _read_json(js)
-        return [{"start": float(x["start"]), "end": float(x["end"]), "text": str(x["text"])} for x in data]
-    return []
+        path, subs = srt, parse_srt(srt.read_text(encoding="utf-8", errors="replace"))
+    elif js.exists():
+        path, data = js, _read_json(js, limits, "subtitle file")
+        if not isinstance(data, list):
+            raise TaskFileError(f"{js}: video {vid!r}: expected a list of {{start, end, text}} subtitles")
+        subs = []
+        for k, x in enumerate(data):
+            try:
+                subs.append({"start": float(x["start"]), "end": float(x["end"]), "text": str(x["text"])})
+            except (KeyError, TypeError, ValueError) as e:
+                raise TaskFileError(
+                    f"{js}: subtitle {k}: video {vid!r}: expected {{start, end, text}} with numeric times ({e!r})"
+                ) from None
+    else:
+        return []
+    for k, sub in enumerate(subs):
+        if not sub["end"] >= sub["start"]:
+            raise TaskFileError(
+                f"{path}: subtitle {k}: video {vid!r} (tasks worldsense-{vid}-task*): field end: the subtitle ends "
+                f"at {sub['end']:g} s, before it starts ({sub['start']:g} s)"
+            )
+    return subs
 
 
 def load_worldsense(
-    qa_json_path: str | Path, video_root: str | Path | None = None, subtitles_root: str | Path | None = None
+    qa_json_path: str | Path,
+    video_root: str | Path | None = None,
+    subtitles_root: str | Path | None = None,
+    limits: TaskLimits | None = None,
 ) -> list[Task]:
     """Load worldsense_qa.json (dict keyed by video id, with task0, task1, ... per video). Web search is disabled
     via allowed_tools, as in the benchmark's protocol."""
-    data = _read_json(qa_json_path)
+    limits = limits or TaskLimits()
+    data = _read_json(qa_json_path, limits)
     if not isinstance(data, dict):
         raise TaskFileError(f"{qa_json_path}: expected an object keyed by video id, got {type(data).__name__}")
     tasks: list[Task] = []
@@ -193,7 +231,7 @@ def load_worldsense(
         path = str(Path(video_root) / rel) if video_root is not None else rel
         missing = [] if video_root is not None and os.path.exists(path) else [rel]
         duration = entry.get("duration")
-        subs = _subtitles(subtitles_root, vid)
+        subs = _subtitles(subtitles_root, vid, limits)
         keys = sorted((k for k in entry if re.fullmatch(r"task\d+", k)), key=lambda k: int(k[4:]))
         for key in keys:
             t = entry[key]
@@ -238,6 +276,7 @@ def load_worldsense(
                 )
             except ValidationError as e:
                 raise task_error(qa_json_path, f"video {vid!r}", tid, e) from None
+            check_task_sizes(task, qa_json_path, f"video {vid!r}", limits)
             tasks.append(task)
     if n_missing:
         log.warning(

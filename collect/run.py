@@ -31,7 +31,7 @@ from collect.llm import ChatError, ClientPool, add_usage, redact, usage_scope
 from collect.loop import run_task
 from collect.roles.factory import build_roles
 from collect.summary import summarize
-from collect.tasks import load_corpus, sidecar_corpus
+from collect.tasks import TASK_LIMIT_KEYS, TaskLimits, load_corpus, sidecar_corpus
 from collect.tools import ToolBox
 from collect.trajectory import TrajectoryWriter, encode_record, iter_trajectories, read_trajectories
 from collect.world import DEFAULT_N_TASKS, load_world
@@ -57,21 +57,29 @@ def setup_logging() -> None:
 def load_task_list(cfg: CollectConfig) -> list:
 
     src = cfg.tasks
+    limits = task_limits(src)
     if src.kind == "embedded":
         items = embedded_world(src.seed, src.n_tasks).tasks
         name = f"the embedded world (seed {src.seed}, {src.n_tasks} tasks)"
     elif src.kind == "file":
-        items, name = tasks.load_tasks(src.path), str(src.path)
+        items, name = tasks.load_tasks(src.path, limits), str(src.path)
     elif src.kind == "omnigaia":
-        items, name = loaders.load_omnigaia(src.path, media_root=src.media_root), str(src.path)
+        items, name = loaders.load_omnigaia(src.path, media_root=src.media_root, limits=limits), str(src.path)
     else:
-        items = loaders.load_worldsense(src.path, video_root=src.media_root, subtitles_root=src.subtitles_root)
+        items = loaders.load_worldsense(
+            src.path, video_root=src.media_root, subtitles_root=src.subtitles_root, limits=limits
+        )
         name = str(src.path)
     selected = tasks.select_tasks(items, cfg.split, cfg.limit, name)
     if cfg.shard is None:
         return selected
     k, n = parse_shard(cfg.shard)  # after split/limit: the shards of a run partition exactly its task set
     return [t for t in selected if shard_of(t.id, n) == k]
+
+
+def task_limits(src) -> TaskLimits:
+    """The size limits a task source sets (tasks.max_file_bytes, ...); ValueError naming the key when one is bad."""
+    return TaskLimits(**{k: getattr(src, k) for k in TASK_LIMIT_KEYS})
 
 
 def load_task_corpus(cfg: CollectConfig) -> list[dict]:
@@ -83,9 +91,9 @@ def load_task_corpus(cfg: CollectConfig) -> list[dict]:
     if src.kind == "embedded":
         return embedded_world(src.seed, src.n_tasks).corpus
     if src.corpus:
-        return load_corpus(src.corpus)
+        return load_corpus(src.corpus, task_limits(src))
     if src.kind == "file" and sidecar_corpus(src.path).is_file():
-        return load_corpus(sidecar_corpus(src.path))
+        return load_corpus(sidecar_corpus(src.path), task_limits(src))
     return []
 
 

@@ -6,14 +6,22 @@ offline teacher may read (the gold answer and the gold evidence chain). Tasks ar
 
 The schema is strict (docs/world.md, "Task files"): unknown keys are errors (a typo is never dropped silently), enums
 are closed, a multiple-choice gold is one of the option letters, `allowed_tools` names known tools, gold-chain
-`depends_on` indices are in range and acyclic, asset ids are unique. `select_tasks` applies a split and a limit and
-refuses a selection that is empty.
+`depends_on` indices are in range and acyclic, a compute formula uses only the values of its dependencies and known
+helpers, asset and document ids are unique within a task, task ids within a file (also ignoring case) and carry no
+surrounding whitespace, timed track entries do not end before they start. Files are read incrementally under
+`TaskLimits` (file size, record size, question and document length), so a huge file or line is refused early with
+bounded memory. `select_tasks` applies a split and a limit and refuses a selection that is empty.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dataclasses
 import difflib
 import json
+import os
+import re
 import string
 import typing
 from pathlib import Path
@@ -30,7 +38,9 @@ from pydantic import (
 )
 
 from collect import jsonio
+from collect.actions import focus_formula
 from collect.bounds import json_depth
+from collect.compute import helper_names
 from collect.ledger import ALL_TOOLS, Asset, Budget, TaskContext
 
 ANSWER_FORMATS = {
@@ -171,11 +181,25 @@ class Task(_Strict):
                 )
         elif self.options:
             raise ValueError(f"options: only a multiple_choice task has options (answer_type is {self.answer_type!r})")
+        if self.id != self.id.strip():
+            raise ValueError(f"id: {self.id!r} has leading or trailing whitespace (ids are compared exactly)")
         seen: set[str] = set()
         for i, a in enumerate(self.assets):
             if a.id in seen:
                 raise ValueError(f"assets.{i}.id: duplicate asset id {a.id!r}")
             seen.add(a.id)
+            for track in ("subtitles", "audio", "clips"):  # a window that ends before it starts never matches
+                for j, span in enumerate(getattr(a.tracks, track)):
+                    if not span.end >= span.start:
+                        raise ValueError(
+                            f"assets.{i}.tracks.{track}.{j}.end: the entry ends at {span.end:g} s, before it starts "
+                            f"({span.start:g} s)"
+                        )
+        doc_ids: set[str] = set()
+        for i, doc in enumerate(self.documents):
+            if doc.id and doc.id in doc_ids:
+                raise ValueError(f"documents.{i}.id: duplicate document id {doc.id!r} in this task's documents")
+            doc_ids.add(doc.id)
         n = len(self.gold_chain)
         for i, need in enumerate(self.gold_chain):
             for d in need.depends_on:
@@ -189,6 +213,9 @@ class Task(_Strict):
         if cycle:
             path = " -> ".join(str(c) for c in cycle)
             raise ValueError(f"gold_chain.{cycle[0]}.depends_on: dependency cycle {path}")
+        for i, need in enumerate(self.gold_chain):
+            if (formula := focus_formula(need.query_focus)) is not None:
+                _check_formula(f"gold_chain.{i}.query_focus", formula, need.depends_on)
         return self
 
     @model_serializer(mode="wrap")
@@ -217,6 +244,40 @@ class Task(_Strict):
             if a.id == asset_id:
                 return a
         return None
+
+
+_VALUE_NAME = re.compile(r"v(\d+)")
+
+
+def _check_formula(field: str, formula: str, depends_on: list[int]) -> None:
+    """A compute formula ("compute: <expr>" focus) is a Python expression over v<K> (the value of need K, which the
+    program gets only for K in depends_on: collect.compute.program), the compute helpers and builtins. Anything
+    else would surface as a SyntaxError or NameError inside the sandbox and end the task "insufficient"."""
+    try:
+        tree = ast.parse(formula, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"{field}: the formula {formula!r} is not a Python expression ({e.msg})") from None
+
+    bound = set()  # names the formula binds itself: comprehension targets, lambda parameters, := targets
+    for node in ast.walk(tree):
+        if isinstance(node, ast.comprehension | ast.NamedExpr):
+            bound.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+        elif isinstance(node, ast.Lambda):
+            bound.update(a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg))
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} - bound
+    for name in sorted(names):
+        m = _VALUE_NAME.fullmatch(name)
+        if m and int(m.group(1)) not in depends_on:
+            raise ValueError(
+                f"{field}: the formula uses {name}, the value of need {m.group(1)}, but this need has depends_on "
+                f"{depends_on}: only those values are given to it; add {m.group(1)} to depends_on or fix the formula"
+            )
+        if not m and name not in helper_names() and not hasattr(builtins, name):
+            values = ", ".join(f"v{d}" for d in depends_on) or "none"
+            raise ValueError(
+                f"{field}: the formula uses {name!r}, which is neither a value ({values}) nor a compute helper "
+                f"({', '.join(sorted(helper_names()))}) nor a Python builtin"
+            )
 
 
 def _find_cycle(deps: list[list[int]]) -> list[int] | None:
@@ -298,41 +359,146 @@ def task_error(path: str | Path, pos: str, task_id: Any, err: ValidationError) -
 MAX_TASK_DEPTH = 32  # a task nests about 5 levels (task -> assets -> annotations -> entry -> span)
 
 
-def load_tasks(path: str | Path) -> list[Task]:
-    """Read tasks from a JSON list or a JSONL file (one task object per line)."""
-    path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise TaskFileError(f"{path}: cannot read task file: {e}") from None
-    except UnicodeDecodeError as e:
-        raise TaskFileError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
-    if json_depth(text) > MAX_TASK_DEPTH:
-        raise TaskFileError(f"{path}: JSON nested deeper than {MAX_TASK_DEPTH} levels; not a task file")
-    stripped = text.strip()
-    records: list[tuple[str, Any]] = []  # (position, record)
-    if stripped.startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TaskFileError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
-        records = [(f"item {i}", r) for i, r in enumerate(data)]
-    elif stripped.startswith("{") and "\n" in stripped and _is_one_json_object(stripped):
-        # a pretty-printed object (e.g. {"tasks": [...]}) would otherwise read as "line 1 is not valid JSON"
+@dataclasses.dataclass(frozen=True)
+class TaskLimits:
+    """Size limits of what a task source reads (the `tasks:` keys of the same names; docs/world.md, "Task files").
+    The defaults are far above every real file here (OmniGAIA's longest question is 1,867 characters, an embedded
+    world task line 9 KB, a world corpus document 531 characters)."""
+
+    max_file_bytes: int = 256 * 2**20  # a task file, benchmark file or corpus file; refused before it is read
+    max_record_bytes: int = 8 * 2**20  # one JSONL line (a task with its tracks and documents, or one document)
+    max_question_chars: int = 16_000  # a task's question (it is in every prompt and trajectory line of the task)
+    max_document_chars: int = 100_000  # title + text of one corpus or task document (a search result's snippet)
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"tasks.{f.name} must be a positive integer, got {v!r}")
+
+
+TASK_LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(TaskLimits))
+
+
+def _too_long(n: int, key: str, limits: TaskLimits, unit: str) -> str:
+    return (
+        f"{n:,} {unit}, more than tasks.{key}={getattr(limits, key):,}; "
+        f"raise tasks.{key} in the task source config if this is intended"
+    )
+
+
+def check_task_sizes(task: Task, path: str | Path, pos: str, limits: TaskLimits) -> None:
+    """The length limits of one loaded task (question, its documents), as TaskFileError naming file, task, field."""
+    where = f"{path}: {pos}: task id {task.id!r}: field"
+    if len(task.question) > limits.max_question_chars:
         raise TaskFileError(
-            f"{path}: expected a list of tasks (a JSON list, or JSONL with one task object per line), "
-            "got a single JSON object"
+            f"{where} question: {_too_long(len(task.question), 'max_question_chars', limits, 'characters')}"
         )
-    else:
-        for ln, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
+    for i, doc in enumerate(task.documents):
+        n = len(doc.title) + len(doc.text)
+        if n > limits.max_document_chars:
+            too_long = _too_long(n, "max_document_chars", limits, "characters")
+            raise TaskFileError(f"{where} documents.{i}.text: {too_long} (title + text)")
+
+
+def _open_bounded(path: Path, limits: TaskLimits, what: str):
+    """The file opened for binary reading after its size was checked against max_file_bytes."""
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise TaskFileError(f"{path}: cannot read {what}: {e}") from None
+    size = os.fstat(f.fileno()).st_size
+    if size > limits.max_file_bytes:
+        f.close()
+        raise TaskFileError(f"{path}: {what} of {_too_long(size, 'max_file_bytes', limits, 'bytes')}")
+    return f
+
+
+def read_bounded(path: str | Path, limits: TaskLimits, what: str) -> str:
+    """A whole file (JSON list / benchmark metadata) as text: at most max_file_bytes are read; not UTF-8 names the
+    line and column."""
+    path = Path(path)
+    with _open_bounded(path, limits, what) as f:
+        data = f.read(limits.max_file_bytes + 1)
+    if len(data) > limits.max_file_bytes:  # grew since the check, or a special file
+        raise TaskFileError(f"{path}: {what} longer than tasks.max_file_bytes={limits.max_file_bytes:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise TaskFileError(
+            f"{path}: line {line}, byte {col}: not UTF-8 text ({e.reason}); save the file as UTF-8"
+        ) from None
+
+
+def _bounded_lines(f, path: Path, limits: TaskLimits, what: str):
+    """(line number, text) of each line of an open file, read one line at a time: a line over max_record_bytes is
+    refused after reading max_record_bytes + 1 bytes of it, and the file once more than max_file_bytes were read."""
+    total, ln, cap = 0, 0, limits.max_record_bytes
+    while raw := f.readline(cap + 1):
+        ln += 1
+        total += len(raw)
+        if total > limits.max_file_bytes:
+            raise TaskFileError(f"{path}: {what} longer than tasks.max_file_bytes={limits.max_file_bytes:,} bytes")
+        if len(raw.rstrip(b"\r\n")) > cap or (len(raw) > cap and not raw.endswith(b"\n")):
+            raise TaskFileError(
+                f"{path}: line {ln}: longer than tasks.max_record_bytes={cap:,} bytes (one task or document per "
+                f"line); raise tasks.max_record_bytes in the task source config if this is intended"
+            )
+        try:
+            yield ln, raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TaskFileError(
+                f"{path}: line {ln}, byte {e.start + 1}: not UTF-8 text ({e.reason}); save the file as UTF-8"
+            ) from None
+
+
+def _first_char(f) -> str:
+    """The first non-whitespace character of an open file (the file position is restored)."""
+    pos = f.tell()
+    while chunk := f.read(4096):
+        stripped = chunk.lstrip()
+        if stripped:
+            f.seek(pos)
+            return stripped[:1].decode("ascii", errors="replace")
+    f.seek(pos)
+    return ""
+
+
+def load_tasks(path: str | Path, limits: TaskLimits | None = None) -> list[Task]:
+    """Read tasks from a JSON list or a JSONL file (one task object per line), within `limits` (TaskLimits())."""
+    path, limits = Path(path), limits or TaskLimits()
+    records: list[tuple[str, Any]] = []  # (position, record)
+    with _open_bounded(path, limits, "task file") as f:
+        first = _first_char(f)
+        if first == "[":
+            text = read_bounded(path, limits, "task file")
+            if json_depth(text) > MAX_TASK_DEPTH:
+                raise TaskFileError(f"{path}: JSON nested deeper than {MAX_TASK_DEPTH} levels; not a task file")
             try:
-                records.append((f"line {ln}", json.loads(line)))
+                data = json.loads(text)
             except json.JSONDecodeError as e:
-                raise TaskFileError(f"{path}: line {ln} is not valid JSON: {e.msg}") from None
+                raise TaskFileError(f"{path}: not valid JSON at line {e.lineno}: {e.msg}") from None
+            records = [(f"item {i}", r) for i, r in enumerate(data)]
+        else:
+            for ln, line in _bounded_lines(f, path, limits, "task file"):
+                if not line.strip():
+                    continue
+                if json_depth(line) > MAX_TASK_DEPTH:
+                    raise TaskFileError(f"{path}: line {ln}: JSON nested deeper than {MAX_TASK_DEPTH} levels")
+                try:
+                    records.append((f"line {ln}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    if first == "{" and ln == 1 and _is_one_json_object(read_bounded(path, limits, "task file")):
+                        # a pretty-printed object (e.g. {"tasks": [...]}), not a first line that is not valid JSON
+                        raise TaskFileError(
+                            f"{path}: expected a list of tasks (a JSON list, or JSONL with one task object per "
+                            "line), got a single JSON object"
+                        ) from None
+                    raise TaskFileError(f"{path}: line {ln} is not valid JSON: {e.msg}") from None
     tasks: list[Task] = []
-    seen: set[str] = set()
+    seen: dict[str, tuple[str, str]] = {}  # casefolded id -> (id, position)
     for pos, rec in records:
         if not isinstance(rec, dict):
             raise TaskFileError(
@@ -343,9 +509,17 @@ def load_tasks(path: str | Path) -> list[Task]:
             task = Task.model_validate(rec)
         except ValidationError as e:
             raise task_error(path, pos, tid, e) from None
-        if task.id in seen:
-            raise TaskFileError(f"{path}: {pos}: task id {task.id!r}: field id: duplicate task id")
-        seen.add(task.id)
+        check_task_sizes(task, path, pos, limits)
+        key = task.id.casefold()
+        if key in seen:
+            twin_id, twin_pos = seen[key]
+            what = (
+                "duplicate task id"
+                if twin_id == task.id
+                else f"differs from task id {twin_id!r} ({twin_pos}) only by case"
+            )
+            raise TaskFileError(f"{path}: {pos}: task id {task.id!r}: field id: {what}")
+        seen[key] = (task.id, pos)
         tasks.append(task)
     if not tasks:
         raise TaskFileError(f"{path}: contains no tasks")
@@ -359,19 +533,20 @@ def sidecar_corpus(task_path: str | Path) -> Path:
     return p.with_name(f"{p.stem}.corpus.jsonl")
 
 
-def load_corpus(path: str | Path) -> list[dict]:
+def load_corpus(path: str | Path, limits: TaskLimits | None = None) -> list[dict]:
     """Read a corpus JSONL (one document object per line, blank lines skipped) into plain dicts
-    {id, url, title, text, date}. Strict like task files: an unknown key, a missing url/text or a bad line raises
-    TaskFileError naming the file, the line and the field. Ids default to `<file stem>-<line>`; an id used twice
-    is an error."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TaskFileError(f"{path}: cannot read corpus file: {e}") from None
+    {id, url, title, text, date}. Strict like task files: an unknown key, a missing url/text, a bad line, bytes that
+    are not UTF-8 or a document over `limits.max_document_chars` raise TaskFileError naming the file, the line and the
+    field. Ids default to `<file stem>-<line>`; an id used twice is an error. Read one line at a time (TaskLimits)."""
+    path, limits = Path(path), limits or TaskLimits()
+    with _open_bounded(path, limits, "corpus file") as f:
+        return _corpus_docs(path, _bounded_lines(f, path, limits, "corpus file"), limits)
+
+
+def _corpus_docs(path: Path, lines, limits: TaskLimits) -> list[dict]:
     docs: list[dict] = []
     seen: set[str] = set()
-    for ln, line in enumerate(text.splitlines(), 1):
+    for ln, line in lines:
         if not line.strip():
             continue
         try:
@@ -392,6 +567,9 @@ def load_corpus(path: str | Path) -> list[dict]:
             ) from None
         d = doc.model_dump()
         d["id"] = d["id"] or f"{path.stem}-{ln}"
+        if (n := len(doc.title) + len(doc.text)) > limits.max_document_chars:
+            too_long = _too_long(n, "max_document_chars", limits, "characters")
+            raise TaskFileError(f"{path}: line {ln}: document {d['id']!r}: field text: {too_long} (title + text)")
         if d["id"] in seen:
             raise TaskFileError(f"{path}: line {ln}: document {d['id']!r}: field id: duplicate document id")
         seen.add(d["id"])

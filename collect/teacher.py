@@ -27,6 +27,7 @@ from collect.actions import (
     offered_refs,
     write_refs,
 )
+from collect.compute import program
 from collect.ledger import (
     INSUFFICIENT,
     PERCEPTION_TOOLS,
@@ -46,7 +47,6 @@ from collect.ledger import (
 )
 from collect.roles.base import PlannerReply, Roles, Usage
 from collect.tasks import Task
-from collect.world.compute import program
 
 TEACHER_MODEL = "offline-teacher"
 PERCEPTION_ORDER = ("subtitle_grounding", "frame_confirm", "audio_scout", "clip_grounding")

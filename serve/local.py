@@ -14,6 +14,11 @@ Limits (ServeLimits, CLI flags, YAML keys; docs/serving.md): request bodies over
 generation stops after `max_generation_s` (finish_reason "length"), when its client disconnects, or on shutdown
 (SIGTERM: the request gets 503 and the process exits). Every malformed field is a 400 with an OpenAI-style error body.
 /health and /v1/models are answered on the event loop, never behind a generation.
+
+Slow clients (docs/serving.md, "Slow clients"): a request's headers must arrive within `header_timeout_s` of the
+connection (or of the previous response) and its body within `body_timeout_s` of the headers, else 408 and the
+connection is closed; at most `max_connections` connections are open (a new one closes the oldest idle one, or gets
+503 when every one carries a request), sized below the open-file limit at start; warnings are rate-limited per kind.
 """
 
 from __future__ import annotations
@@ -22,10 +27,13 @@ import argparse
 import asyncio
 import concurrent.futures
 import dataclasses
+import http
 import json
 import logging
 import math
 import os
+import re
+import resource
 import socket
 import threading
 import time
@@ -34,6 +42,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import h11
 import httpx
 import torch
 import uvicorn
@@ -41,7 +50,9 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from collect.actions import TOOL_CALL_RE
 
@@ -64,14 +75,21 @@ class ServeLimits:
     max_generation_s: float = 300.0  # wall-clock limit of one generation; hit -> finish_reason "length"
     max_tokens_limit: int | None = None  # largest max_tokens accepted; None: the model's context length
     context_length: int | None = None  # None: config.max_position_embeddings
+    header_timeout_s: float = 10.0  # a request's headers must be complete this long after the connection is idle
+    body_timeout_s: float = 30.0  # its body this long after the headers (2 MiB at ~70 KB/s); else 408 + close
+    max_connections: int = 256  # open connections; more: the oldest idle one is closed, or 503 if none is idle
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "max_generation_s", "max_tokens_limit", "context_length"):
+        for name in ("max_body_bytes", "max_generation_s", "max_tokens_limit", "context_length", "header_timeout_s",
+                     "body_timeout_s"):  # fmt: skip
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not v > 0):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf):
                 raise ValueError(f"ServeLimits.{name} must be > 0, got {v!r}")
         if isinstance(self.max_queue, bool) or not isinstance(self.max_queue, int) or self.max_queue < 0:
             raise ValueError(f"ServeLimits.max_queue must be an integer >= 0, got {self.max_queue!r}")
+        n = self.max_connections
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"ServeLimits.max_connections must be an integer >= 1, got {n!r}")
 
 
 _ERROR_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
@@ -526,6 +544,223 @@ async def _read_json(request: Request, limit: int):
         raise ApiError(400, f"the request body is not valid JSON: {str(e)[:200]}", code="invalid_body") from e
 
 
+# ---- slow clients: read timeouts, a connection cap, bounded logging ------------------------------------------------
+
+# The listen backlog; asyncio also accepts up to this many connections in one loop pass before their protocols run
+# (uvicorn's default of 2048 let one pass take more sockets than a 1,024 open-file limit has).
+ACCEPT_BACKLOG = 100
+# Open files serve.local needs besides its `max_connections` sockets: up to 2 x ACCEPT_BACKLOG sockets on their way
+# in (accepted, not yet counted) or out (closed, released at the next pass), plus the model's files, the event loop,
+# pipes and logs.
+FD_HEADROOM = 2 * ACCEPT_BACKLOG + 100
+
+
+def ensure_open_files(limits: ServeLimits) -> int:
+    """Raise this process's soft open-file limit to fit max_connections (up to the hard limit); ValueError naming
+    both numbers when even the hard limit is too low. Returns the soft limit in force."""
+    need = limits.max_connections + FD_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            raise ValueError(
+                f"max_connections={limits.max_connections} needs {need} open files ({FD_HEADROOM} besides the "
+                f"connections) but this process may open at most {hard} (ulimit -Hn): set --max-connections "
+                f"{max(1, hard - FD_HEADROOM)} or less, or raise the limit"
+            )
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        soft = need
+    return soft
+
+
+class _LogLimiter(logging.Filter):
+    """Bounded logging: at WARNING and above, at most `burst` records per `window_s` of one kind (logger, level, the
+    first line of the message with its numbers blanked) and `total` of all kinds; the first record of a kind let
+    through after some were dropped says how many. A flood of one failure (clients sending garbage, accept() out of
+    file descriptors) then writes a few lines instead of one per event."""
+
+    def __init__(self, burst: int = 5, total: int = 100, window_s: float = 10.0):
+        super().__init__()
+        self.burst, self.total, self.window_s = burst, total, window_s
+        self._lock = threading.Lock()
+        self._window = -math.inf
+        self._kinds: dict[tuple, list[int]] = {}  # kind -> [let through this window, dropped since last let through]
+        self._passed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        try:
+            first = record.getMessage().split("\n", 1)[0]
+        except Exception:  # noqa: BLE001 - a record that cannot format is still one kind
+            first = str(record.msg)
+        kind = (record.name, record.levelno, re.sub(r"\d+", "N", first)[:80])
+        with self._lock:
+            now = time.monotonic()
+            if now - self._window >= self.window_s:
+                self._window, self._passed = now, 0
+                for counts in self._kinds.values():
+                    counts[0] = 0
+                if len(self._kinds) > 1000:
+                    self._kinds = {k: v for k, v in self._kinds.items() if v[1]}
+            counts = self._kinds.setdefault(kind, [0, 0])
+            if counts[0] >= self.burst or self._passed >= self.total:
+                counts[1] += 1
+                return False
+            counts[0] += 1
+            self._passed += 1
+            dropped, counts[1] = counts[1], 0
+        if dropped:
+            record.msg = f"{record.msg} [{dropped} more like this were not logged]"
+        return True
+
+
+_LOG_LIMITER = _LogLimiter()
+LIMITED_LOGGERS = ("uvicorn", "uvicorn.error", "asyncio", __name__)
+
+
+def bound_logging() -> None:
+    """Put the one rate limiter on the loggers a hostile client can make write (idempotent)."""
+    for name in LIMITED_LOGGERS:
+        logger = logging.getLogger(name)
+        if _LOG_LIMITER not in logger.filters:
+            logger.addFilter(_LOG_LIMITER)
+
+
+def _raw_error(status: int, message: str, code: str, headers: tuple[str, ...] = ()) -> bytes:
+    """A complete HTTP/1.1 error response with an OpenAI-style body, written straight to a connection that is closed
+    next (no request of it reached the app)."""
+    err = {"message": message, "type": _ERROR_TYPES.get(status, "invalid_request_error"), "param": None, "code": code}
+    body = json.dumps({"error": err}).encode()
+    head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "content-type: application/json",
+            f"content-length: {len(body)}", "connection: close", *headers]  # fmt: skip
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class ConnectionGuard:
+    """The slow-client rules of one server, shared by its connections; `stats` is reported by /health."""
+
+    def __init__(self, limits: ServeLimits):
+        self.limits = limits
+        self.connections: set = set()  # uvicorn's set of open connections (protocol objects), bound at the first one
+        self.stats = {"header_timeouts": 0, "body_timeouts": 0, "evicted_idle": 0, "refused_connections": 0}
+
+    def status(self) -> dict:
+        return {"open_connections": len(self.connections), **self.stats}
+
+    def protocol(self) -> type[H11Protocol]:
+        """uvicorn's h11 protocol class with this guard's read deadlines and connection cap."""
+        guard = self
+
+        class GuardedH11Protocol(_GuardedH11Protocol):
+            _guard = guard
+
+        return GuardedH11Protocol
+
+
+class _GuardedH11Protocol(H11Protocol):
+    """Phases of a connection: "headers" (waiting for a request's headers: since the connection opened or the last
+    response ended; header_timeout_s), "body" (headers read, body still arriving; body_timeout_s from the headers)
+    and otherwise the app's (a generation is bounded by max_generation_s). A deadline that passes gets 408 and the
+    connection is closed (silently when the client has sent nothing since it became idle)."""
+
+    _guard: ConnectionGuard
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        g = self._guard
+        g.connections = self.connections
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle_since = self.loop.time()
+        self._body_since: float | None = None
+        self._partial = False  # bytes of a request arrived while waiting for headers
+        open_now = [c for c in self.connections if not c.transport.is_closing()]
+        if len(open_now) > g.limits.max_connections:
+            idle = [
+                c for c in open_now if c is not self and isinstance(c, _GuardedH11Protocol) and c._phase() == "headers"
+            ]
+            if not idle:
+                g.stats["refused_connections"] += 1
+                log.warning("serve.local: %d connections open, each with a request in progress (max_connections): "
+                            "new connection refused with 503", len(open_now) - 1)  # fmt: skip
+                msg = (f"serve.local has max_connections={g.limits.max_connections} connections open, each with a "
+                       "request in progress; retry later")  # fmt: skip
+                self.transport.write(_raw_error(503, msg, "too_many_connections", ("retry-after: 1",)))
+                self.transport.close()
+                return
+            oldest = min(idle, key=lambda c: c._idle_since)
+            g.stats["evicted_idle"] += 1
+            log.warning("serve.local: %d connections open (max_connections): closed the longest idle one (%.1f s)",
+                        len(open_now) - 1, self.loop.time() - oldest._idle_since)  # fmt: skip
+            oldest._close(503, "serve.local has too many open connections; this one had not sent a complete request",
+                          "too_many_connections", ("retry-after: 1",))  # fmt: skip
+        self._arm(g.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._phase() == "headers":
+            self._partial = True
+        super().data_received(data)
+        self._note_body()
+
+    def on_response_complete(self) -> None:
+        self._idle_since, self._body_since, self._partial = self.loop.time(), None, False
+        super().on_response_complete()  # may start a pipelined request
+        self._note_body()
+
+    def _note_body(self) -> None:
+        if self._body_since is None and self.conn.their_state is h11.SEND_BODY:
+            self._body_since = self.loop.time()
+
+    def _phase(self) -> str | None:
+        if self.transport.is_closing():
+            return None
+        state = self.conn.their_state
+        if state is h11.IDLE and (self.cycle is None or self.cycle.response_complete):
+            return "headers"
+        return "body" if state is h11.SEND_BODY else None
+
+    def _arm(self, delay: float) -> None:
+        self._timer = self.loop.call_later(max(delay, 0.01), self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        limits, phase, now = self._guard.limits, self._phase(), self.loop.time()
+        if phase is None:
+            if not self.transport.is_closing():  # the app answers: look again later
+                self._arm(min(limits.header_timeout_s, limits.body_timeout_s))
+            return
+        if phase == "headers":
+            since, limit = self._idle_since, limits.header_timeout_s
+        else:
+            self._note_body()
+            since, limit = self._body_since or now, limits.body_timeout_s
+        if now < since + limit:
+            self._arm(since + limit - now)
+            return
+        key = "header" if phase == "headers" else "body"
+        self._guard.stats[f"{key}_timeouts"] += 1
+        what = "request headers" if phase == "headers" else "request body"
+        log.warning("serve.local: %s not complete %.0f s after %s (%s_timeout_s): 408, connection closed", what, limit,
+                    "the connection became idle" if phase == "headers" else "the headers", key)  # fmt: skip
+        msg = f"the {what} did not arrive within {limit:g} s (serve.local {key}_timeout_s)"
+        self._close(408, msg, "request_timeout")
+
+    def _close(self, status: int, message: str, code: str, headers: tuple[str, ...] = ()) -> None:
+        """Answer `status` unless the client has sent nothing since it became idle (or a response is under way), then
+        close the connection."""
+        if self.transport.is_closing():
+            return
+        started = self.cycle is not None and not self.cycle.response_complete and self.cycle.response_started
+        if (self._partial or self._phase() == "body") and not started:
+            self.transport.write(_raw_error(status, message, code, headers))
+        self.transport.close()
+
+
 async def _result_or_cancel(fut: concurrent.futures.Future, request: Request, job: _Job):
     """The generation's result; when the client disconnects first, the job is cancelled (queued: dropped; running:
     stopped at the next token) and None is returned."""
@@ -547,6 +782,8 @@ def create_app(model_dir: str | os.PathLike, name: str | None = None, limits: Se
     chat = ChatModel(model_dir, name, limits)
     app = FastAPI(title="omni-decision local server")
     app.state.chat = chat
+    app.state.guard = guard = ConnectionGuard(chat.limits)
+    bound_logging()
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -564,7 +801,8 @@ def create_app(model_dir: str | os.PathLike, name: str | None = None, limits: Se
     # async handlers run on the event loop: they answer while a generation holds the worker thread
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "shutting_down" if chat.closing else "ok", "model": chat.name, **chat.status()}
+        state = "shutting_down" if chat.closing else "ok"
+        return {"status": state, "model": chat.name, **chat.status(), **guard.status()}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -572,7 +810,11 @@ def create_app(model_dir: str | os.PathLike, name: str | None = None, limits: Se
 
     @app.post("/v1/chat/completions")
     async def completions(request: Request) -> Response:
-        params = validate_request(await _read_json(request, chat.limits.max_body_bytes))
+        try:
+            body = await _read_json(request, chat.limits.max_body_bytes)
+        except ClientDisconnect:  # left (or was closed at body_timeout_s) before the body arrived: nobody listens
+            return Response(status_code=499)
+        params = validate_request(body)
         job = chat.admit()
         try:
             prep = await asyncio.to_thread(chat.prepare, params)
@@ -605,8 +847,15 @@ class _Server(uvicorn.Server):
 
 
 def _uvicorn_config(app: FastAPI, host: str, port: int, **kw) -> uvicorn.Config:
-    # the graceful-shutdown timeout is a backstop: a cancelled generation ends within one token
-    return uvicorn.Config(app, host=host, port=port, timeout_graceful_shutdown=5, **kw)
+    # the graceful-shutdown timeout is a backstop: a cancelled generation ends within one token; always the h11
+    # protocol, with the read deadlines and the connection cap of app.state.guard
+    guard: ConnectionGuard = app.state.guard
+    ensure_open_files(guard.limits)
+    cfg = uvicorn.Config(
+        app, host=host, port=port, timeout_graceful_shutdown=5, http=guard.protocol(), backlog=ACCEPT_BACKLOG, **kw
+    )
+    bound_logging()  # after uvicorn's dictConfig
+    return cfg
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -641,6 +890,7 @@ class LocalServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def __enter__(self) -> LocalServer:
+        ensure_open_files(self.limits)  # before the model loads
         self.app = create_app(self.model_dir, self.name, self.limits)
         cfg = _uvicorn_config(self.app, self.host, self.port, log_level="warning", lifespan="off")
         self._server = _Server(cfg, self.app.state.chat)
@@ -684,6 +934,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-generation-s", type=float, default=None, help="wall-clock limit of one generation (300)")
     ap.add_argument("--max-tokens-limit", type=int, default=None, help="largest max_tokens (default: the context)")
     ap.add_argument("--context-length", type=int, default=None, help="default: config.max_position_embeddings")
+    ap.add_argument("--header-timeout-s", type=float, default=None, help="request headers must arrive in this (10)")
+    ap.add_argument(
+        "--body-timeout-s", type=float, default=None, help="a body must arrive this after its headers (30)"
+    )
+    ap.add_argument("--max-connections", type=int, default=None, help="open connections at most (256)")
     a = ap.parse_args(argv)
     cfg = yaml.safe_load(Path(a.config).read_text()) if a.config else {}
     if unknown := sorted(set(cfg or {}) - set(CONFIG_KEYS)):
@@ -697,6 +952,7 @@ def main(argv: list[str] | None = None) -> None:
     limits = {k: v for k, v in limits.items() if v is not None}
     try:
         server_limits = ServeLimits(**limits)
+        ensure_open_files(server_limits)
     except ValueError as e:
         ap.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -26,9 +26,9 @@ from collect.actions import (
     write_focus_refs,
     write_value_refs,
 )
+from collect.compute import program
 from collect.config import ConfigError, RuntimeConfig, load_config
 from collect.loop import ToolFailure
-from collect.world.compute import program
 from tests.fakes import FakeChatServer, FakeToolBox, text, tool_call
 from tests.helpers.loop_script import NEEDS, R0, answer_critic, critic, fill, needs_reply, run
 from tests.helpers.teacher_collect import (

@@ -103,3 +103,43 @@ def test_malformed_task_file_error_names_file_task_and_field(tmp_path):
     pj.write_text(json.dumps([{"id": "y-3", "answer": "a"}]))
     with pytest.raises(TaskFileError, match=r"'y-3'.*question"):
         load_tasks(pj)
+
+
+def test_worldsense_subtitle_that_ends_before_it_starts_names_the_subtitle_file():
+    subs = FIXTURES / "worldsense_subs_bad"
+    with pytest.raises(TaskFileError) as e:
+        load_worldsense(FIXTURES / "worldsense_qa.json", subtitles_root=subs)
+    msg = str(e.value)
+    assert str(subs / "fxVid001.srt") in msg and "subtitle 1" in msg and "worldsense-fxVid001-task" in msg
+    assert "field end:" in msg and "10 s, before it starts (13.25 s)" in msg
+
+
+def test_omnigaia_question_over_the_limit_names_file_item_and_task(tmp_path):
+    items = json.loads(OMNIGAIA.read_text())[:3]
+    items[2]["question"] = "Which year? " * 200_000  # 2.4 MB
+    meta = tmp_path / "test_metadata.json"
+    meta.write_text(json.dumps(items))
+    with pytest.raises(TaskFileError) as e:
+        load_omnigaia(meta)
+    msg = str(e.value)
+    assert str(meta) in msg and "item 2" in msg and f"'omnigaia-{items[2]['id']}'" in msg and "field question:" in msg
+    assert "tasks.max_question_chars=16,000" in msg
+    from collect.tasks import TaskLimits  # here: the module before the fix had none
+
+    assert len(load_omnigaia(meta, limits=TaskLimits(max_question_chars=3_000_000))) == 3
+    with pytest.raises(TaskFileError, match="tasks.max_file_bytes=1,000"):
+        load_omnigaia(meta, limits=TaskLimits(max_file_bytes=1_000))
+
+
+def test_benchmark_files_that_are_not_utf8_name_file_line_and_byte(tmp_path):
+    meta = tmp_path / "test_metadata.json"
+    meta.write_bytes(
+        b'[\n {"id": 1, "question": "Caf\xe9?", "answer": "x"}\n]\n'
+    )  # Latin-1, as a spreadsheet saves it
+    with pytest.raises(TaskFileError) as e:
+        load_omnigaia(meta)
+    assert str(meta) in str(e.value) and "line 2, byte 28" in str(e.value) and "UTF-8" in str(e.value)
+    qa = tmp_path / "worldsense_qa.json"
+    qa.write_bytes(b'{"v": {"task0": {"question": "\xff", "candidates": ["A. x", "B. y"], "answer": "A"}}}')
+    with pytest.raises(TaskFileError, match=r"worldsense_qa\.json: line 1, byte 31: not UTF-8 text"):
+        load_worldsense(qa)

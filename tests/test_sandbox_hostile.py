@@ -7,7 +7,10 @@ are also tried through a child interpreter or a shell, which the hook never sees
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from collect.tools.code_executor import run_code, sandbox_capabilities
+from collect.tools.code_executor import SandboxPolicy, _run, run_code, sandbox_capabilities
 
 REPO = Path(__file__).resolve().parents[1]
 CAPS = sandbox_capabilities()
@@ -369,3 +372,257 @@ def test_stale_scratch_of_a_dead_runtime_is_removed_at_next_start():
                 for p in d.iterdir():
                     p.unlink()
                 d.rmdir()
+
+
+# ---- kernel facilities no namespace covers: the session keyring, socket families (issue 52 class 7) ---------------
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.syscall.restype = ctypes.c_long
+_KEY_NR = {"x86_64": (248, 250), "aarch64": (217, 219)}  # (add_key, keyctl) syscall numbers
+_KEY_SPEC_SESSION_KEYRING = -3
+_KEYCTL_GET_KEYRING_ID, _KEYCTL_JOIN_SESSION_KEYRING, _KEYCTL_SEARCH, _KEYCTL_READ, _KEYCTL_INVALIDATE = (
+    0,
+    1,
+    10,
+    11,
+    21,
+)
+_KEY_DESC = b"omni-test-runtime-key"
+
+
+def _keyctl(*args) -> int:
+    c_args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    return _LIBC.syscall(ctypes.c_long(_KEY_NR[platform.machine()][1]), *c_args)
+
+
+def _keyring_attack_code(serial: int) -> str:
+    """Sandboxed code that looks for the runtime's key: by its serial, by searching its session keyring for the
+    description, and in /proc/keys. Plain ctypes: the audit hook never sees a syscall."""
+    return f"""
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+nr = {{"x86_64": 250, "aarch64": 219}}[platform.machine()]
+L = ctypes.c_long
+def keyctl(*a):
+    r = libc.syscall(L(nr), *a)
+    return r, ctypes.get_errno() if r < 0 else 0
+buf = ctypes.create_string_buffer(4096)
+print("SESSION", *keyctl(L({_KEYCTL_GET_KEYRING_ID}), L({_KEY_SPEC_SESSION_KEYRING}), L(0)))
+print("READ", *keyctl(L({_KEYCTL_READ}), L({serial}), buf, L(4096)), buf.value.decode(errors="replace"))
+found, err = keyctl(L({_KEYCTL_SEARCH}), L({_KEY_SPEC_SESSION_KEYRING}), ctypes.c_char_p(b"user"),
+                    ctypes.c_char_p({_KEY_DESC!r}), L(0))
+print("SEARCH", found, err)
+if found > 0:
+    print("READ-FOUND", *keyctl(L({_KEYCTL_READ}), L(found), buf, L(4096)), buf.value.decode(errors="replace"))
+try:
+    print("PROCKEYS", open("/proc/keys").read().replace(chr(10), " | "))
+except OSError as e:
+    print("PROCKEYS", e)
+"""
+
+
+@pytest.fixture()
+def runtime_key():
+    """A secret in this (runtime) process's session keyring, as a runtime started from a login session, a container
+    entrypoint or a `keyctl`-using wrapper holds; every process it starts inherits the keyring (fork, unshare,
+    setuid keep it). Yields (serial, secret, this process's session keyring id)."""
+    if platform.machine() not in _KEY_NR:
+        pytest.skip(f"keyring syscall numbers are known here for {sorted(_KEY_NR)} only, not {platform.machine()}")
+    # a fresh session keyring for this test process first, so the key never lands in one shared with other processes
+    if _keyctl(_KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        err = ctypes.get_errno()
+        if err == errno.ENOSYS:
+            pytest.skip("this kernel has no keyrings (CONFIG_KEYS off): nothing for a sandbox to inherit")
+        raise OSError(err, f"keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
+    session = _keyctl(_KEYCTL_GET_KEYRING_ID, _KEY_SPEC_SESSION_KEYRING, 0)
+    secret = f"omni-keyring-secret-{uuid.uuid4().hex}".encode()
+    add_key = ctypes.c_long(_KEY_NR[platform.machine()][0])
+    serial = _LIBC.syscall(add_key, ctypes.c_char_p(b"user"), ctypes.c_char_p(_KEY_DESC), ctypes.c_char_p(secret),
+                           ctypes.c_size_t(len(secret)), ctypes.c_long(_KEY_SPEC_SESSION_KEYRING))  # fmt: skip
+    assert serial > 0, os.strerror(ctypes.get_errno())
+    # the attack's premise, outside any sandbox: a plain child process (fork + exec) reads the key
+    plain = subprocess.run([sys.executable, "-I", "-c", _keyring_attack_code(serial)], capture_output=True, text=True)
+    assert secret.decode() in plain.stdout, plain
+    yield serial, secret.decode(), session
+    _keyctl(_KEYCTL_INVALIDATE, serial)
+
+
+def _lines(res) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines() if line.strip()}
+
+
+def test_sandbox_cannot_read_a_key_in_the_runtimes_session_keyring(runtime_key):
+    serial, secret, session = runtime_key
+    res = run_code(_keyring_attack_code(serial))
+    assert res.ok, res
+    assert secret not in res.stdout + res.stderr, res
+    out = _lines(res)
+    assert int(out["READ"][0]) < 0 and int(out["SEARCH"][0]) < 0, res
+    assert _KEY_DESC.decode() not in " ".join(out["PROCKEYS"]), res  # not even its description is visible
+
+
+def test_fresh_session_keyring_alone_hides_the_runtimes_key(runtime_key):
+    serial, secret, session = runtime_key
+    res = _run(_keyring_attack_code(serial), SandboxPolicy(seccomp=False))
+    out = _lines(res)
+    assert secret not in res.stdout + res.stderr, res
+    assert int(out["SESSION"][0]) > 0 and int(out["SESSION"][0]) != session, res  # a keyring of its own
+    assert int(out["READ"][0]) < 0 and int(out["SEARCH"][0]) < 0, res
+    assert _KEY_DESC.decode() not in " ".join(out["PROCKEYS"]), res
+
+
+def test_seccomp_alone_refuses_every_keyring_call(runtime_key):
+    serial, secret, session = runtime_key
+    res = _run(_keyring_attack_code(serial), SandboxPolicy(fresh_keyring=False))
+    out = _lines(res)
+    assert secret not in res.stdout + res.stderr, res
+    for call in ("SESSION", "READ", "SEARCH"):
+        assert out[call][:2] == ["-1", str(errno.EPERM)], (call, res)
+
+
+def test_control_keyring_attack_works_with_every_other_mechanism_on(runtime_key):
+    # the issue's case: fs view, per-run uid, namespaces, audit hook all on; only the two keyring layers off
+    serial, secret, session = runtime_key
+    res = _run(_keyring_attack_code(serial), SandboxPolicy(seccomp=False, fresh_keyring=False))
+    assert secret in res.stdout, res
+
+
+def _vsock_code(port: int) -> str:
+    # in a child interpreter, so the audit hook (which refuses socket.bind in the sandbox's own interpreter) is out
+    inner = (
+        "import socket\ntry:\n    s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)\nexcept OSError as e:\n"
+        "    print('CREATE-REFUSED', e.errno)\n    raise SystemExit\n"
+        f"s.bind((socket.VMADDR_CID_ANY, {port}))\ns.listen(1)\nprint('BOUND', s.getsockname())\n"
+    )
+    return (
+        f"import subprocess, sys\nr = subprocess.run([sys.executable, '-I', '-c', {inner!r}], capture_output=True, "
+        "text=True)\nprint(r.stdout.strip(), r.stderr.strip()[-300:])"
+    )
+
+
+@pytest.fixture()
+def vsock_port() -> int:
+    """A free vsock port, or a skip when this kernel has no AF_VSOCK at all."""
+    if not hasattr(socket, "AF_VSOCK"):
+        pytest.skip("this Python has no socket.AF_VSOCK")
+    try:
+        s = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    except OSError as e:
+        pytest.skip(f"this kernel offers no AF_VSOCK sockets ({e}): nothing to refuse")
+    with s:
+        s.bind((socket.VMADDR_CID_ANY, socket.VMADDR_PORT_ANY))
+        return s.getsockname()[1]  # released at close: the sandbox binds it next
+
+
+def test_sandbox_cannot_create_or_bind_a_vsock_socket(vsock_port):
+    res = run_code(_vsock_code(vsock_port))
+    assert res.stdout.startswith(f"CREATE-REFUSED {errno.EPERM}"), res
+
+
+def test_control_vsock_bind_works_without_the_seccomp_filter(vsock_port):
+    # the network namespace does not cover vsock: with every mechanism but seccomp on, the bind succeeds
+    res = _run(_vsock_code(vsock_port), SandboxPolicy(seccomp=False))
+    assert res.stdout.startswith("BOUND"), res
+
+
+def test_only_unix_sockets_can_be_created_in_the_sandbox():
+    code = (
+        "import socket\nopened = []\n"
+        "for fam in range(64):\n"
+        "    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW, socket.SOCK_SEQPACKET):\n"
+        "        try:\n            socket.socket(fam, kind).close()\n            opened.append((fam, kind))\n"
+        "        except OSError as e:\n            if fam != socket.AF_UNIX and e.errno != 1:\n"
+        "                opened.append((fam, kind, e.errno))\n"
+        "print('OTHER', sorted({o[0] for o in opened if o[0] != socket.AF_UNIX}))\n"
+        "a, b = socket.socketpair()\na.sendall(b'ping')\nprint('PAIR', b.recv(4).decode())\n"
+        "try:\n    socket.socketpair(socket.AF_INET)\n    print('INETPAIR open')\nexcept OSError as e:\n"
+        "    print('INETPAIR', e.errno)\n"
+    )
+    res = run_code(code)
+    # every family but AF_UNIX is refused by the filter itself (EPERM), before the kernel looks for (or loads) it
+    assert _lines(res) == {"OTHER": ["[]"], "PAIR": ["ping"], "INETPAIR": [str(errno.EPERM)]}, res
+
+
+def test_io_uring_cannot_be_set_up_to_open_sockets_around_the_filter():
+    # io_uring's IORING_OP_SOCKET creates sockets without the socket() syscall: the ring itself is refused
+    code = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+        "params = ctypes.create_string_buffer(120)\n"
+        "r = libc.syscall(ctypes.c_long(425), ctypes.c_long(4), params)\nprint('URING', r, ctypes.get_errno())\n"
+    )
+    res = run_code(code)
+    assert _lines(res)["URING"] == ["-1", str(errno.EPERM)], res
+    control = _run(code, SandboxPolicy(seccomp=False))
+    r, err = (int(x) for x in _lines(control)["URING"])
+    if r < 0 and err in (errno.ENOSYS, errno.EPERM):
+        pytest.skip(f"io_uring is off on this kernel (errno {err}): the control cannot show the ring")
+    assert r >= 0, control
+
+
+_I386_SOCKET_VSOCK = bytes.fromhex(  # push rbx; eax=359 (i386 socket); ebx=40 (AF_VSOCK); ecx=1; edx=0; int 0x80
+    "53b867010000bb28000000b90100000031d2cd805bc3"
+)
+
+
+def _other_abi_code() -> str:
+    """The socket syscall through the two other ABIs an x86_64 kernel may offer: x32 (syscall number | 0x40000000)
+    and i386 (`int 0x80`, from mapped machine code), each in its own child interpreter."""
+    x32 = (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+        "r = libc.syscall(ctypes.c_long(0x40000000 | 41), ctypes.c_long(40), ctypes.c_long(1), ctypes.c_long(0))\n"
+        "print(r, ctypes.get_errno())"
+    )
+    i386 = (
+        "import ctypes, mmap\nm = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        f"m.write({_I386_SOCKET_VSOCK!r})\n"
+        "f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))\nprint(f(), 0)"
+    )
+    return (
+        "import subprocess, sys\n"
+        f"for name, src in (('X32', {x32!r}), ('I386', {i386!r})):\n"
+        "    r = subprocess.run([sys.executable, '-I', '-c', src], capture_output=True, text=True)\n"
+        "    print(name, r.returncode, r.stdout.strip() or '- -')\n"
+    )
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x32 and i386 are x86_64's other syscall ABIs")
+def test_other_syscall_abis_cannot_bypass_the_filter():
+    res = run_code(_other_abi_code())
+    out = _lines(res)
+    # killed by the filter (SIGSYS), or by the CPU where the kernel lacks the ABI (SIGSEGV); never a socket
+    assert int(out["X32"][0]) == -signal.SIGSYS, res
+    assert int(out["I386"][0]) in (-signal.SIGSYS, -signal.SIGSEGV), res
+    control = _lines(_run(_other_abi_code(), SandboxPolicy(seccomp=False)))
+    if control["I386"][0] != "0":
+        pytest.skip(f"no i386 syscall ABI on this kernel (int 0x80 ended the process: {control['I386']})")
+    assert int(control["I386"][1]) >= 0, control  # the control opened a vsock socket through int 0x80
+
+
+def _sysv_shm_code(key: int) -> str:
+    return (
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print('HOST', libc.shmget({key}, 0, 0), ctypes.get_errno())\n"
+        f"print('NEW', libc.shmget({key} + 1, 1 << 20, 0o1000 | 0o600), ctypes.get_errno())\n"
+    )
+
+
+@needs_fs_view
+def test_sysv_ipc_of_the_host_is_out_of_reach_and_nothing_outlives_the_sandbox():
+    # SysV shared memory lives in the IPC namespace, not in any file: without an IPC namespace of its own the sandbox
+    # opened the host's world-writable segment and left a 1 MiB segment behind (RAM outside memory_mb and the quota)
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x5EED0000 + (os.getpid() & 0xFFF) * 16
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o666)  # IPC_CREAT, world read/write, as a careless host process does
+    assert shmid >= 0, os.strerror(ctypes.get_errno())
+    try:
+        res = run_code(_sysv_shm_code(key))
+        out = _lines(res)
+        assert out["HOST"] == ["-1", str(errno.ENOENT)], res  # no such key in the sandbox's namespace
+        assert int(out["NEW"][0]) >= 0, res  # it may use SysV IPC inside ...
+        assert libc.shmget(key + 1, 0, 0) == -1 and ctypes.get_errno() == errno.ENOENT  # ... which dies with it
+    finally:
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+        left = libc.shmget(key + 1, 0, 0)
+        if left >= 0:
+            libc.shmctl(left, 0, None)

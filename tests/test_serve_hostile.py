@@ -307,3 +307,144 @@ def test_config_limits_are_read_and_unknown_keys_refused(tmp_path):
         main(["--config", str(bad)])
     with pytest.raises(ValueError, match="max_queue"):
         ServeLimits(max_queue=-1)
+
+
+# ---- slow clients (issue 52 class 8): idle partial headers, slow bodies, more connections than open files ----------
+
+PARTIAL_HEADER = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # no blank line: the headers never end
+N_SLOW = 1100  # more than the server's open-file limit below
+
+
+def _raise_own_nofile(need: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"this test opens {need} sockets; the hard open-file limit here is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+def _open_partial(port: int, n: int, data: bytes = PARTIAL_HEADER) -> list:
+    import socket
+
+    conns = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(data)
+        conns.append(s)
+    return conns
+
+
+def _serve_subprocess(checkpoint, port: int, log_path: Path, nofile: int, *flags: str) -> subprocess.Popen:
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "serve.local", "--model", str(checkpoint), "--port", str(port), *flags]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit)
+
+
+def test_idle_partial_header_connections_do_not_hold_the_server(checkpoint, tmp_path):
+    # 1,100 connections that never finish their headers, against a 1,024 open-file limit: the old server ran out of
+    # file descriptors, /health and chat timed out for the whole hold and every failed accept wrote a traceback
+    _raise_own_nofile(N_SLOW + 200)
+    port, log_path = free_port(), tmp_path / "serve.log"
+    proc = _serve_subprocess(checkpoint, port, log_path, 1024)  # the defaults: no flag
+    base = f"http://127.0.0.1:{port}"
+    conns: list = []
+    try:
+        assert _wait_for(lambda: httpx.get(f"{base}/health", timeout=1).status_code == 200, 90), log_path.read_text()
+        size0 = log_path.stat().st_size
+        conns = _open_partial(port, N_SLOW)
+        conns += _open_partial(port, 300, b"\x16\x03\x01 not http at all\r\n\r\n")  # 300 "Invalid HTTP request"s
+        t = time.monotonic()
+        r = httpx.get(f"{base}/health", timeout=5)
+        assert r.status_code == 200 and time.monotonic() - t < 2, (r, time.monotonic() - t)
+        body = {"messages": SHORT, "temperature": 0, "max_tokens": 2}
+        t = time.monotonic()
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=10)
+        assert r.status_code == 200 and time.monotonic() - t < 5, (r, time.monotonic() - t)
+        time.sleep(2)  # the hold goes on
+        assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+        grown = log_path.stat().st_size - size0
+        text = log_path.read_text(errors="replace")
+        assert grown < 20_000, (grown, text[-2000:])
+        assert "Too many open files" not in text
+        assert text.count("Invalid HTTP request received") <= 10, text[-2000:]
+        assert proc.poll() is None
+    finally:
+        for s in conns:
+            s.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _read_all(s, timeout: float) -> bytes:
+    s.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except TimeoutError:
+        data += b"<still open>"
+    return data
+
+
+def test_headers_and_bodies_that_do_not_arrive_in_time_get_408(checkpoint, caplog):
+    with LocalServer(checkpoint, header_timeout_s=1.0, body_timeout_s=1.0) as srv:
+        (partial,) = _open_partial(srv.port, 1)
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        (slow_body,) = _open_partial(srv.port, 1, head + b"Content-Length: 1000\r\n\r\n" + b'{"messages": ')
+        (silent,) = _open_partial(srv.port, 1, b"")
+        t = time.monotonic()
+        got = {name: _read_all(s, 4.0) for name, s in (("partial", partial), ("body", slow_body), ("silent", silent))}
+        assert time.monotonic() - t < 4.0, got
+        assert got["partial"].startswith(b"HTTP/1.1 408 "), got
+        assert got["body"].startswith(b"HTTP/1.1 408 "), got
+        assert got["silent"] == b"", got  # sent nothing: closed without an answer
+        # a client that keeps sending (one header line a second) does not extend its deadline
+        (drip,) = _open_partial(srv.port, 1, b"GET /health HTTP/1.1\r\n")
+        drip.settimeout(0.1)
+        t, closed = time.monotonic(), False
+        while time.monotonic() - t < 4 and not closed:
+            try:
+                drip.sendall(b"X-Drip: 1\r\n")
+                closed = drip.recv(100).startswith(b"HTTP/1.1 408 ")
+            except TimeoutError:
+                time.sleep(0.3)
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - t < 2.5
+        h = _health(srv)
+        assert h["status"] == "ok" and h["header_timeouts"] == 3 and h["body_timeouts"] == 1, h
+        assert "unexpected error" not in caplog.text  # the app saw the closed body as a disconnect, not a crash
+        for s in (partial, slow_body, silent, drip):
+            s.close()
+
+
+def test_connection_cap_evicts_idle_connections_and_refuses_with_503_when_all_are_busy(checkpoint):
+    from serve.local import ServeLimits
+
+    assert ServeLimits().max_connections < 1024 - 64  # the default fits the common 1,024 open-file limit
+    with LocalServer(checkpoint, max_connections=4, header_timeout_s=30, body_timeout_s=30) as srv:
+        idle = _open_partial(srv.port, 4)
+        t = time.monotonic()
+        assert _health(srv, timeout=2)["status"] == "ok" and time.monotonic() - t < 1  # took the oldest idle slot
+        assert _read_all(idle[0], 2.0).startswith(b"HTTP/1.1 503 "), "the oldest idle connection was not closed"
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
+        busy = _open_partial(srv.port, 4, head)  # mid-body: requests in progress, never evicted
+        time.sleep(0.3)
+        r = httpx.get(f"http://{srv.host}:{srv.port}/health", timeout=2)
+        err = _openai_error(r, 503)
+        assert err["code"] == "too_many_connections" and r.headers.get("retry-after")
+        for s in idle + busy:
+            s.close()
+        assert _wait_for(lambda: _health(srv)["status"] == "ok", 3)  # slots free again once they leave

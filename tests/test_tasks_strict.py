@@ -6,14 +6,17 @@ the task and the field, so a rule that stopped being enforced (or a message that
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from collect.__main__ import main as collect_main
 from collect.loaders import load_worldsense
-from collect.tasks import TaskFileError, TaskSelectionError, load_tasks, select_tasks
+from collect.tasks import TaskFileError, TaskSelectionError, load_corpus, load_tasks, select_tasks
 
 DATA = Path(__file__).parent / "data" / "tasks"
 
@@ -228,3 +231,158 @@ def test_benchmark_loaders_refuse_non_finite_numbers_naming_file_task_and_field(
         load_omnigaia(og)
     msg = str(e.value)
     assert str(og) in msg and "task id 3" in msg and "field meta.time_spans.v.1:" in msg, msg
+
+
+# ---- issue 52 class 9: unchecked and unbounded inputs ---------------------------------------------------------------
+
+
+def test_task_ids_that_differ_only_by_case_are_refused():
+    msg = _error("id_case_twin.jsonl")
+    assert "line 2" in msg and "'FX-Case-1'" in msg and "field id:" in msg and "'fx-case-1' (line 1)" in msg
+
+
+def test_task_ids_with_surrounding_whitespace_are_refused():
+    msg = _error("id_trailing_space.json")
+    assert "item 1" in msg and "'fx-space-1 '" in msg and "field id:" in msg and "whitespace" in msg
+
+
+def test_a_subtitle_that_ends_before_it_starts_is_refused(tmp_path):
+    msg = _error("subtitle_ends_before_start.json")
+    assert "'fx-subs-1'" in msg and "field assets.0.tracks.subtitles.1.end:" in msg and "8.5" in msg and "12" in msg
+    # the same rule for the other timed tracks
+    task = json.loads((DATA / "subtitle_ends_before_start.json").read_text())[0]
+    tracks = task["assets"][0]["tracks"]
+    tracks["audio"] = [{"start": 3.0, "end": 2.0, "text": "a horn"}]
+    tracks["clips"] = [{"start": 9.0, "end": 1.0, "caption": "the stage"}]
+    for track in ("audio", "clips"):
+        one = json.loads(json.dumps(task))
+        one["assets"][0]["tracks"] = {track: tracks[track]}
+        (tmp_path / "t.json").write_text(json.dumps([one]))
+        with pytest.raises(TaskFileError, match=f"field assets.0.tracks.{track}.0.end: "):
+            load_tasks(tmp_path / "t.json")
+
+
+def test_duplicate_document_ids_inside_a_task_are_refused():
+    msg = _error("duplicate_document_id.json")
+    assert "'fx-docs-1'" in msg and "field documents.1.id:" in msg and "duplicate document id 'kelmar-1'" in msg
+
+
+def test_a_compute_formula_may_only_use_the_values_of_its_dependencies():
+    msg = _error("compute_unknown_value.json")
+    assert "'fx-calc-1'" in msg and "field gold_chain.3.query_focus:" in msg
+    assert "v3" in msg and "depends_on [1, 2]" in msg
+
+
+def test_a_compute_formula_names_only_known_helpers():
+    msg = _error("compute_unknown_helper.json")
+    assert "'fx-calc-2'" in msg and "field gold_chain.2.query_focus:" in msg and "'to_number'" in msg
+    assert "to_num" in msg  # the helpers it can use
+
+
+def test_a_compute_formula_may_bind_its_own_names(tmp_path):
+    task = json.loads((DATA / "compute_unknown_helper.json").read_text())[0]
+    focus = "compute: fmt(max(x * k for x in [to_num(v1)] for k in (0.621371,))) or (lambda y: y)(0)"
+    task["gold_chain"][2]["query_focus"] = focus
+    (tmp_path / "t.json").write_text(json.dumps([task]))
+    assert load_tasks(tmp_path / "t.json")[0].gold_chain[2].query_focus == focus
+    task["gold_chain"][2]["query_focus"] = "compute: to_num(v1) *"
+    (tmp_path / "t.json").write_text(json.dumps([task]))
+    with pytest.raises(TaskFileError, match="field gold_chain.2.query_focus: .* not a Python expression"):
+        load_tasks(tmp_path / "t.json")
+
+
+def test_every_formula_of_the_embedded_world_and_the_external_example_passes():
+    from collect.world import load_world
+
+    tasks = load_world(seed=0).tasks + load_tasks(Path(__file__).parent / "data" / "external" / "tasks.json")
+    formulas = [n.query_focus for t in tasks for n in t.gold_chain if n.query_focus.startswith("compute:")]
+    assert len(formulas) > 60  # the check ran on real formulas (it runs at Task construction)
+
+
+def test_a_question_over_the_limit_is_refused_with_the_setting_to_change(tmp_path):
+    p = tmp_path / "big.jsonl"
+    rec = {"id": "fx-big-1", "question": "Why? " * 400_000, "answer": "a"}  # 2 MB
+    p.write_text(json.dumps({"id": "fx-small-1", "question": "q?", "answer": "a"}) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(TaskFileError) as e:
+        load_tasks(p)
+    msg = str(e.value)
+    assert str(p) in msg and "line 2" in msg and "'fx-big-1'" in msg and "field question:" in msg
+    assert "2,000,000 characters" in msg and "tasks.max_question_chars=16,000" in msg
+    from collect.tasks import TaskLimits  # here: the module before the fix had none
+
+    assert len(load_tasks(p, TaskLimits(max_question_chars=2_000_000))) == 2  # configurable
+
+
+def test_a_huge_task_file_is_refused_before_it_is_read(tmp_path):
+    p = tmp_path / "huge.jsonl"
+    with p.open("wb") as f:  # 1 GiB, sparse: costs no disk
+        f.truncate(2**30)
+    t = time.monotonic()
+    with pytest.raises(TaskFileError) as e:
+        load_tasks(p)
+    assert time.monotonic() - t < 1.0
+    assert str(p) in str(e.value) and "1,073,741,824 bytes" in str(e.value) and "tasks.max_file_bytes" in str(e.value)
+
+
+def test_a_huge_line_is_refused_after_reading_at_most_the_record_limit(tmp_path):
+    p = tmp_path / "line.jsonl"
+    first = json.dumps({"id": "fx-ok-1", "question": "q?", "answer": "a"})
+    p.write_bytes(first.encode() + b"\n" + b'{"id": "fx-long-2", "question": "' + b"x" * (48 * 2**20) + b'"}\n')
+    tracemalloc.start()
+    t = time.monotonic()
+    try:
+        with pytest.raises(TaskFileError) as e:
+            load_tasks(p)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - t < 5.0
+    assert peak < 24 * 2**20, f"peak {peak:,} bytes for a 48 MiB line"  # the 8 MiB record limit, not the line
+    msg = str(e.value)
+    assert str(p) in msg and "line 2" in msg and "tasks.max_record_bytes=8,388,608" in msg
+
+
+def test_a_corpus_that_is_not_utf8_names_the_file_and_line():
+    p = DATA / "latin1.corpus.jsonl"
+    with pytest.raises(TaskFileError) as e:
+        load_corpus(p)
+    msg = str(e.value)
+    assert str(p) in msg and "line 1" in msg and "UTF-8" in msg
+
+
+def test_a_corpus_document_over_the_limit_is_refused(tmp_path):
+    p = tmp_path / "c.corpus.jsonl"
+    p.write_text(json.dumps({"id": "d1", "url": "u", "text": "ok"}) + "\n"
+                 + json.dumps({"id": "d2", "url": "u", "title": "t", "text": "y" * 200_000}) + "\n")  # fmt: skip
+    with pytest.raises(TaskFileError) as e:
+        load_corpus(p)
+    msg = str(e.value)
+    assert str(p) in msg and "line 2" in msg and "'d2'" in msg and "tasks.max_document_chars=100,000" in msg
+    from collect.tasks import TaskLimits  # here: the module before the fix had none
+
+    assert len(load_corpus(p, TaskLimits(max_document_chars=300_000))) == 2
+    # a task's own documents have the same limit
+    task = {"id": "fx-doc-1", "question": "q?", "answer": "a", "documents": [{"url": "u", "text": "z" * 100_001}]}
+    (tmp_path / "t.json").write_text(json.dumps([task]))
+    with pytest.raises(TaskFileError, match=r"'fx-doc-1': field documents.0.text: 100,001 characters"):
+        load_tasks(tmp_path / "t.json")
+
+
+def test_the_limits_are_task_source_settings_and_stay_out_of_the_config_hash(tmp_path, capsys):
+    from collect.config import CollectConfig, TaskSource
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"tasks: {{kind: file, path: {DATA / 'valid.json'}, max_question_chars: 50}}\n")
+    out = tmp_path / "out"
+    rc = collect_main(["--config", str(cfg), "--split", "all", "--out", str(out), "--no-progress"])
+    assert rc == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert "'fx-open-1'" in err and "field question:" in err and "tasks.max_question_chars=50" in err
+    base = CollectConfig(tasks=TaskSource(kind="file", path=str(DATA / "valid.json")))
+    tight = CollectConfig(tasks=TaskSource(kind="file", path=str(DATA / "valid.json"), max_question_chars=50))
+    assert base.hash() == tight.hash()  # a limit decides whether a task loads, not what its trajectory means
+    from collect.run import load_task_list
+
+    assert len(load_task_list(dataclasses.replace(base, split="all"))) == 4  # the same file, default limits: loads
+    with pytest.raises(TaskFileError, match="tasks.max_question_chars=50"):
+        load_task_list(dataclasses.replace(tight, split="all"))

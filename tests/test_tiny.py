@@ -114,7 +114,7 @@ def test_decision_budgets_cover_the_teachers_longest_action(tok, monkeypatch):
     code_executor program (compute helpers + values), an order of magnitude longer than any other action."""
     from pathlib import Path
 
-    from collect.world.compute import program
+    from collect.compute import program
     from pipeline.eval import EvalConfig, load_eval_config
     from rl.train import load_config
     from serve.local import DEFAULT_MAX_TOKENS

@@ -48,7 +48,7 @@ def test_a_reference_is_replaced_by_the_needs_value_and_nothing_else_changes():
 
 
 def test_in_code_a_reference_is_the_values_python_literal_and_runs():
-    from collect.world.compute import HELPERS_SRC
+    from collect.compute import HELPERS_SRC
 
     values = {0: "84.75 Orrin crowns", 1: 'it\'s 19 \\ "quoted"\n', 2: "unused"}
     code = "v0 = {need:0}\nv1 = {need:1}\nprint(fmt(to_num(v0) * 2), len(v1))\n"
@@ -63,7 +63,7 @@ def test_in_code_a_reference_is_the_values_python_literal_and_runs():
 
 
 def test_the_teachers_program_is_written_with_references_and_resolves_back():
-    from collect.world.compute import program
+    from collect.compute import program
 
     values = {1: "19", 2: "84.75 Orrin crowns", 4: "1 March 1999"}
     code = program("to_num(v2) - to_num(v1)", values)

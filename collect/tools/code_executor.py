@@ -10,7 +10,8 @@ protections (see docs/sandbox.md for the threat model and what each layer does a
 2. Own identity per run: the user code runs as a uid of its own (UID_BASE + slot, a slot held by flock for the run),
    never shared by two live sandboxes; without the fs view the preexec drops to that uid instead.
 3. Namespaces via util-linux `unshare`: network (only a down loopback), PID (private /proc; when the sandbox's PID 1
-   exits the kernel kills every process in it) and mount; plus a user namespace when the runtime is not root.
+   exits the kernel kills every process in it), IPC (SysV IPC and POSIX message queues of its own, gone with it) and
+   mount; plus a user namespace when the runtime is not root.
 4. Supervision: PR_SET_PDEATHSIG(SIGKILL) on the child (preexec) and `unshare --kill-child`, plus a lifeline pipe
    whose EOF makes PID 1 exit, so a SIGKILLed runtime takes its sandboxes down within milliseconds; a wall-clock
    backstop in PID 1; the scratch tmpfs dies with the mount namespace. Stale host scratch dirs (no fs view) of dead
@@ -19,6 +20,10 @@ protections (see docs/sandbox.md for the threat model and what each layer does a
 6. A new session / process group that is SIGKILLed as a whole on wall-clock timeout and after every run.
 7. A scrubbed environment (PATH, LANG, HOME=scratch only) and `python -I` (isolated mode).
 8. An audit hook (defence in depth only: ctypes or a child interpreter bypass it).
+9. Kernel facilities no namespace covers: the sandbox's PID 1 joins a fresh session keyring (the runtime's, and every
+   key in it, is inherited through fork, unshare and setuid otherwise), then installs a seccomp filter that refuses
+   socket()/socketpair() for every family but AF_UNIX (vsock is not per network namespace), the keyring syscalls,
+   io_uring (which opens sockets without socket()) and the other syscall ABIs of the architecture.
 
 Every mechanism is probed once per process; `sandbox_capabilities()` reports which are active, and the first probe
 logs one line listing the available and missing ones (a warning when any is missing). A run never silently gets less
@@ -30,6 +35,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import dataclasses
+import errno
 import fcntl
 import functools
 import json
@@ -44,6 +50,7 @@ import resource
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -118,6 +125,72 @@ class SandboxPolicy:
     audit_hook: bool = dataclasses.field(default=True, metadata={"help": "in-child audit hook (defence in depth)"})
     rlimits: bool = dataclasses.field(default=True, metadata={"help": "RLIMIT_AS/CPU/NPROC/FSIZE/NOFILE"})
     scrub_env: bool = dataclasses.field(default=True, metadata={"help": "pass only PATH, LANG, HOME to the child"})
+    fresh_keyring: bool = dataclasses.field(
+        default=True, metadata={"help": "PID 1 joins a new session keyring (the runtime's is not inherited)"}
+    )
+    seccomp: bool = dataclasses.field(
+        default=True, metadata={"help": "seccomp filter: only AF_UNIX sockets, no keyring calls, no io_uring"}
+    )
+
+
+# ---- seccomp --------------------------------------------------------------------------------------------------------
+
+# Per machine: the AUDIT_ARCH_* value of its native syscall ABI, the bit that marks a syscall of its second ABI on the
+# same arch value (x86_64's x32) and the syscall numbers the filter looks at (asm/unistd_64.h; aarch64 uses the
+# generic table, asm-generic/unistd.h).
+_SECCOMP_ARCH: dict[str, tuple[int, int | None, dict[str, int]]] = {
+    "x86_64": (0xC000003E, 0x40000000, {"socket": 41, "socketpair": 53, "add_key": 248, "request_key": 249,
+                                        "keyctl": 250, "io_uring_setup": 425, "io_uring_enter": 426,
+                                        "io_uring_register": 427}),
+    "aarch64": (0xC00000B7, None, {"socket": 198, "socketpair": 199, "add_key": 217, "request_key": 218,
+                                   "keyctl": 219, "io_uring_setup": 425, "io_uring_enter": 426,
+                                   "io_uring_register": 427}),
+}  # fmt: skip
+_REFUSED_SYSCALLS = ("add_key", "request_key", "keyctl", "io_uring_setup", "io_uring_enter", "io_uring_register")
+_AF_UNIX = 1
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_JGE_K, _BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+_SECCOMP_RET_KILL_PROCESS, _SECCOMP_RET_ERRNO, _SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+_SECCOMP_DATA_NR, _SECCOMP_DATA_ARCH, _SECCOMP_DATA_ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg0: low word)
+
+
+def _keyctl_nr(machine: str | None = None) -> int | None:
+    arch = _SECCOMP_ARCH.get(machine or platform.machine())
+    return arch[2]["keyctl"] if arch else None
+
+
+@functools.lru_cache(maxsize=4)
+def _seccomp_program(machine: str | None = None) -> bytes | None:
+    """The sandbox's seccomp filter as packed `struct sock_filter`s (None: an architecture without a table here).
+
+    A syscall of another ABI (i386 `int 0x80` and x32 on x86_64, AArch32 on aarch64: their numbers differ and i386
+    has socketcall) kills the process; the keyring syscalls and io_uring fail with EPERM; socket() and socketpair()
+    fail with EPERM unless the family (argument 0, an int: its low 32 bits are what the kernel reads) is AF_UNIX.
+    Everything else is allowed. Little-endian machines only (both in the table are).
+    """
+    arch = _SECCOMP_ARCH.get(machine or platform.machine())
+    if arch is None:
+        return None
+    audit_arch, other_abi_bit, nrs = arch
+    prog: list[tuple[int, int, str | None, str | None]] = [  # (code, k, jump-if-true label, jump-if-false label)
+        (_BPF_LD_W_ABS, _SECCOMP_DATA_ARCH, None, None),
+        (_BPF_JEQ_K, audit_arch, None, "kill"),
+        (_BPF_LD_W_ABS, _SECCOMP_DATA_NR, None, None),
+    ]
+    if other_abi_bit is not None:
+        prog.append((_BPF_JGE_K, other_abi_bit, "kill", None))
+    prog += [(_BPF_JEQ_K, nrs[name], "deny", None) for name in _REFUSED_SYSCALLS]
+    prog += [(_BPF_JEQ_K, nrs[name], "family", None) for name in ("socket", "socketpair")]
+    prog.append((_BPF_RET_K, _SECCOMP_RET_ALLOW, None, None))
+    labels = {"family": len(prog)}
+    prog += [(_BPF_LD_W_ABS, _SECCOMP_DATA_ARG0, None, None), (_BPF_JEQ_K, _AF_UNIX, "allow", "deny")]
+    for label, ret in (("deny", _SECCOMP_RET_ERRNO | errno.EPERM), ("allow", _SECCOMP_RET_ALLOW),
+                       ("kill", _SECCOMP_RET_KILL_PROCESS)):  # fmt: skip
+        labels[label] = len(prog)
+        prog.append((_BPF_RET_K, ret, None, None))
+    out = b""
+    for i, (code, k, jt, jf) in enumerate(prog):  # jumps are relative and forward only
+        out += struct.pack("=HBBI", code, labels[jt] - i - 1 if jt else 0, labels[jf] - i - 1 if jf else 0, k)
+    return out
 
 
 # ---- identity -------------------------------------------------------------------------------------------------------
@@ -252,12 +325,12 @@ def _interpreter_for_nobody() -> str | None:
 
 def _user_ns_prefix(uid: int) -> list[str]:
     return [
-        "unshare", "--user", f"--map-user={uid}", f"--map-group={uid}", "--net", "--pid", "--fork",
+        "unshare", "--user", f"--map-user={uid}", f"--map-group={uid}", "--net", "--pid", "--ipc", "--fork",
         "--mount-proc", "--kill-child", "--",
     ]  # fmt: skip
 
 
-_ROOT_NS_PREFIX = ["unshare", "--mount", "--net", "--pid", "--fork", "--mount-proc", "--kill-child", "--"]
+_ROOT_NS_PREFIX = ["unshare", "--mount", "--net", "--pid", "--ipc", "--fork", "--mount-proc", "--kill-child", "--"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -336,6 +409,7 @@ def _caps() -> dict[str, bool | str | None]:
     if caps["root_namespaces"] and per_run_uid and _fs_layout(exe) is not None:
         caps["fs_view"] = _fs_view_works(exe)
     caps["scratch_quota"] = caps["fs_view"]
+    caps["fresh_keyring"], caps["seccomp"] = _hardening(exe)
     _sweep_stale_scratch()
     mechs = [k for k in caps if k not in ("running_as_root", "interpreter", "root_namespaces", "drop_to_nobody")]
     have = [k for k in mechs if caps[k]]
@@ -356,6 +430,39 @@ def _fs_view_works(exe: str) -> bool:
         log.warning("code_executor: private filesystem view probe failed: %s", res)
         return False
     return True
+
+
+# Run under the filter, it must not get an AF_INET socket (the kernel always has that family).
+_SECCOMP_PROBE = (
+    "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()\n    print('open')\n"
+    "except PermissionError:\n    print('ok')\n"
+)
+
+
+def _hardening_works(exe: str, keyring: bool, seccomp: bool) -> bool:
+    """Probe the fresh session keyring and/or the seccomp filter in a plain launch (the bootstrap reports a setup
+    error when the keyctl or the prctl fails; the probe code checks the filter is in force)."""
+    if (keyring and _keyctl_nr() is None) or (seccomp and _seccomp_program() is None):
+        log.warning("code_executor: no keyring/seccomp syscall table for %s", platform.machine())
+        return False
+    plan = _Plan(exe=exe, mode="plain", drop=False, keyring=keyring, seccomp=seccomp)
+    what = " and ".join(n for n, on in (("fresh session keyring", keyring), ("seccomp filter", seccomp)) if on)
+    try:
+        res = _launch(_SECCOMP_PROBE, plan, timeout_s=20, memory_mb=512, max_output_chars=100)
+    except (OSError, SandboxSetupError) as e:
+        log.warning("code_executor: %s unavailable: %s", what, e)
+        return False
+    if not res.ok or res.stdout not in (("ok\n",) if seccomp else ("ok\n", "open\n")):
+        log.warning("code_executor: %s probe failed: %s", what, res)
+        return False
+    return True
+
+
+def _hardening(exe: str) -> tuple[bool, bool]:
+    """(fresh_keyring, seccomp) available: one probe launch for both, one each only when that fails."""
+    if _hardening_works(exe, keyring=True, seccomp=True):
+        return True, True
+    return _hardening_works(exe, keyring=True, seccomp=False), _hardening_works(exe, keyring=False, seccomp=True)
 
 
 def sandbox_capabilities() -> dict[str, bool | str | None]:
@@ -391,6 +498,8 @@ class _Plan:
     exe: str
     mode: str
     drop: bool = True
+    keyring: bool = False  # PID 1 joins a fresh session keyring
+    seccomp: bool = False  # PID 1 installs the seccomp filter (inherited by everything it starts)
 
 
 def _preexec(limits: dict[int, tuple[int, int]], ids: tuple[int, int] | None, prctl, parent: int) -> None:
@@ -464,7 +573,8 @@ def _run(
         mode = "rootns" if os.geteuid() == 0 else "userns"
     else:
         mode = "plain"
-    plan = _Plan(exe=exe, mode=mode, drop=drop)
+    keyring = policy.fresh_keyring and bool(caps["fresh_keyring"])
+    plan = _Plan(exe=exe, mode=mode, drop=drop, keyring=keyring, seccomp=policy.seccomp and bool(caps["seccomp"]))
     return _launch(code, plan, timeout_s, memory_mb, max_output_chars, scratch_dir, cpu_s, max_procs, disk_mb, policy)
 
 
@@ -558,6 +668,8 @@ def _launch(
             "uid": ids[0] if fs_mode and ids else None,
             "fs": fs_cfg,
             "backstop_s": timeout_s + 5,
+            "keyctl_nr": _keyctl_nr() if plan.keyring else None,
+            "seccomp": _seccomp_program() if plan.seccomp else None,
         }
         cmd = [plan.exe, "-I", "-u", "-B", "-c", _BOOTSTRAP, repr(cfg)]
         if plan.mode == "fs" or plan.mode == "rootns":
@@ -600,7 +712,7 @@ def _launch(
             status = ""
         clean = bool(status) and not timed_out and plan.mode != "plain"  # PID 1 ended normally: nothing of U left
         if status.startswith("setup "):
-            raise SandboxSetupError(f"code_executor: private filesystem view failed: {status[6:]}")
+            raise SandboxSetupError(f"code_executor: sandbox setup failed: {status[6:]}")
         returncode, killed = _classify(proc.returncode, status, timed_out, truncated)
         stdout, t1 = _decode_capped(out[0], max_output_chars, out[1])
         stderr, t2 = _decode_capped(err[0], max_output_chars, err[1])

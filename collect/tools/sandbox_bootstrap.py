@@ -9,7 +9,11 @@ Steps, as PID 1 of the sandbox's PID namespace when namespaces are on:
    and ONE size-capped tmpfs that backs /tmp, /dev/shm and the scratch dir (so the quota is a total), pivot_root into
    it and detach the host's root. Nothing else of the host (the repository, the run's OUT dir, /run's sockets, other
    sandboxes' scratch) exists in this view.
-2. Install the audit hook (defence in depth only).
+2. Leave the runtime's kernel state behind: join a fresh anonymous session keyring (`cfg["keyctl_nr"]`; the runtime's
+   session keyring and every key in it would otherwise be inherited through fork, unshare and setuid), then install
+   the seccomp filter (`cfg["seccomp"]`, built by code_executor._seccomp_program: only AF_UNIX sockets, no keyring
+   syscalls, no io_uring, no other syscall ABI), which this process and everything it starts keep.
+   Install the audit hook (defence in depth only).
 3. Fork. The child drops to the run's own uid (when `cfg["uid"]` is set), sets no_new_privs and PR_SET_PDEATHSIG,
    writes the code into the scratch dir and execs it. This process waits for it and writes its true exit status to
    the status fd (`unshare --fork` does not propagate a death-by-signal reliably).
@@ -111,10 +115,42 @@ def _build_fs_view(fs):
         os.close(fd)
 
 
+def _harden(keyctl_nr, seccomp):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    L = ctypes.c_ulong
+    if keyctl_nr is not None:
+        # KEYCTL_JOIN_SESSION_KEYRING(NULL): a new anonymous session keyring, owned by this process alone
+        if libc.syscall(ctypes.c_long(keyctl_nr), ctypes.c_long(1), ctypes.c_void_p(None)) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"fresh session keyring: keyctl(JOIN_SESSION_KEYRING): {os.strerror(err)}")
+    if seccomp is not None:
+        if libc.prctl(38, L(1), L(0), L(0), L(0)) != 0:  # PR_SET_NO_NEW_PRIVS, required for an unprivileged filter
+            err = ctypes.get_errno()
+            raise OSError(err, f"seccomp filter: prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        prog = ctypes.create_string_buffer(seccomp, len(seccomp))
+        fprog = SockFprog(len(seccomp) // 8, ctypes.addressof(prog))
+        if libc.prctl(22, L(2), ctypes.byref(fprog), L(0), L(0)) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            err = ctypes.get_errno()
+            raise OSError(err, f"seccomp filter: prctl(PR_SET_SECCOMP): {os.strerror(err)}")
+
+
 if _cfg["fs"] is not None:
     try:
         _build_fs_view(_cfg["fs"])
     except BaseException as e:  # noqa: BLE001 - reported to the runtime, which refuses to run unprotected
+        _fail_setup(f"private filesystem view: {type(e).__name__}: {e}")
+
+if _cfg["keyctl_nr"] is not None or _cfg["seccomp"] is not None:
+    try:
+        _harden(_cfg["keyctl_nr"], _cfg["seccomp"])
+    except BaseException as e:  # noqa: BLE001 - as above: the probe promised these, so no run goes without them
         _fail_setup(f"{type(e).__name__}: {e}")
 
 _scratch = os.path.realpath(_cfg["scratch"])

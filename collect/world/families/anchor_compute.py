@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collect.compute import evaluate
 from collect.tasks import GoldNeed
-from collect.world.compute import evaluate
 from collect.world.corpus import entity_docs
 from collect.world.entities import Entity, Gen
 from collect.world.media import anchor_need, video_asset

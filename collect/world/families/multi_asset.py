@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collect.compute import evaluate
 from collect.ledger import ALL_TOOLS
 from collect.tasks import GoldNeed
-from collect.world.compute import evaluate
 from collect.world.entities import Entity, Gen, attr_sentence
 from collect.world.media import anchor_need, new_tracks, video_asset
 from collect.world.vocab import CURRENCIES, KINDS, a_an

@@ -4,6 +4,9 @@ writes is self-contained and runs in the sandbox)."""
 
 from __future__ import annotations
 
+import ast
+import functools
+
 HELPERS_SRC = """
 import re
 from datetime import datetime
@@ -31,6 +34,21 @@ def fmt(x):
         return f"{x:.2f}".rstrip("0").rstrip(".")
     return str(x)
 """
+
+
+@functools.lru_cache(maxsize=1)
+def helper_names() -> frozenset[str]:
+    """The names HELPERS_SRC defines at its top level (functions, imports): what a compute formula may use besides
+    its values and Python's builtins (collect.tasks checks every formula against them at load)."""
+    names = set()
+    for node in ast.parse(HELPERS_SRC).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return frozenset(names)
 
 
 def evaluate(expr: str, values: dict[int, str]) -> str:
