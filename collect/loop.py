@@ -394,12 +394,29 @@ def _blocked_reason(ledger: Ledger) -> str:
     return "finish blocked: the ledger is not ready (" + "; ".join(parts or ["no needs"]) + ")"
 
 
+async def _over_context(run: _Run, role: str, call):
+    """`await call()` for a role whose prompt grows with the evidence (finalizer, answer critic). A prompt over the
+    model's context ends the run as the planner's does (budget_exhausted, the engine answers "insufficient"), not
+    the task with an error on every rerun; returns None then."""
+    try:
+        return await call()
+    except ChatError as e:
+        if e.kind != "context_length":
+            raise
+        run.account(role, e.usage)
+        run.apply(Stop("budget_exhausted", f"the {role} prompt exceeds the model's context"))
+        return None
+
+
 async def _gate_and_finalize(run: _Run, draft: str) -> str | None:
     """A finish in the ledger and memory arms; returns the note the planner sees next (None when the run ended)."""
     r0, roles, led = run.r0, run.roles, run.ledger
     lim = run.cfg.limits
+    finalize = lambda: roles.finalizer.draft(r0, led, render.render_finalizer_messages(r0, led))  # noqa: E731
     if led.blocked_finishes >= r0.budget.max_revisions:
-        answer, u = await roles.finalizer.draft(r0, led, render.render_finalizer_messages(r0, led))
+        if (drafted := await _over_context(run, "finalizer", finalize)) is None:
+            return None
+        answer, u = drafted
         run.account("finalizer", u)
         run.apply(AnswerAccepted(bounds.clean_text(answer, lim.max_value_chars), forced=True))
         return None
@@ -410,12 +427,16 @@ async def _gate_and_finalize(run: _Run, draft: str) -> str | None:
         reason = _blocked_reason(led)
         run.apply(FinishBlocked(draft, reason))
         return reason
-    answer, u = await roles.finalizer.draft(r0, led, render.render_finalizer_messages(r0, led))
+    if (drafted := await _over_context(run, "finalizer", finalize)) is None:
+        return None
+    answer, u = drafted
     run.account("finalizer", u)
     answer = bounds.clean_text(answer, lim.max_value_chars)
-    passed, hint, u = await roles.answer_critic.check(
-        r0, led, answer, render.render_answer_critic_messages(r0, led, answer)
-    )
+    messages = render.render_answer_critic_messages(r0, led, answer)
+    checked = await _over_context(run, "answer_critic", lambda: roles.answer_critic.check(r0, led, answer, messages))
+    if checked is None:
+        return None
+    passed, hint, u = checked
     run.account("answer_critic", u)
     hint = bounds.clean_text(hint, lim.max_value_chars) if hint else hint
     if passed:

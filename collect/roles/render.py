@@ -114,6 +114,28 @@ def render_critic_messages(
     return [_sys("critic"), {"role": "user", "content": user}]
 
 
+# The finalizer's and the answer critic's view of the evidence is bounded like the planner's: per need its atom that
+# gave the filled value and its latest ones, each atom's content cut, the whole cut at MAX_EVIDENCE_CHARS.
+MAX_ATOMS_PER_NEED = 3
+MAX_EVIDENCE_CHARS = 4 * MAX_OBSERVATION_CHARS
+
+
+def _shown_atoms(ledger: Ledger) -> tuple[list, int]:
+    """(the atoms the evidence view lists, in ledger order; how many it leaves out): per need, the first atom whose
+    value is the need's filled value, then its latest atoms, MAX_ATOMS_PER_NEED in all."""
+    by_need: dict[int, list] = {}
+    for a in ledger.atoms:
+        by_need.setdefault(a.need_index, []).append(a)
+    keep: set[int] = set()
+    for ni, atoms in by_need.items():
+        value = ledger.needs[ni].value if 0 <= ni < len(ledger.needs) else None
+        support = [id(a) for a in atoms if value is not None and a.value == value][:1]
+        latest = [id(a) for a in reversed(atoms) if id(a) not in support][: MAX_ATOMS_PER_NEED - len(support)]
+        keep.update(support, latest)
+    shown = [a for a in ledger.atoms if id(a) in keep]
+    return shown, len(ledger.atoms) - len(shown)
+
+
 def render_evidence(ledger: Ledger) -> str:
     """Answer-phase evidence summary: need values, atoms (truncated), unresolved conflicts."""
     lines = ["Needs:"]
@@ -121,14 +143,15 @@ def render_evidence(ledger: Ledger) -> str:
         lines.append(
             f"- [{n.index}] {n.need} ({n.closure_level}, {n.status}): {n.value if n.value is not None else '-'}"
         )
-    lines.append("Evidence atoms:")
-    for a in ledger.atoms:
+    shown, left_out = _shown_atoms(ledger)
+    lines.append(f"Evidence atoms ({left_out} earlier atoms not shown):" if left_out else "Evidence atoms:")
+    for a in shown:
         lines.append(f"- need {a.need_index} = {a.value!r} from {a.source}: {a.content[:200]}")
     if not ledger.atoms:
         lines.append("- (none)")
     for c in ledger.unresolved_conflicts():
         lines.append(f"Unresolved conflict: {c.description}")
-    return "\n".join(lines)
+    return truncate("\n".join(lines), MAX_EVIDENCE_CHARS)
 
 
 def render_finalizer_messages(r0: TaskContext, ledger: Ledger) -> list[dict]:
