@@ -192,3 +192,26 @@ measure: $(STAMP)  ## SEEDS="0 1" MEASURE_SFT= ...: untrained / SFT / SFT+on-pol
 		--no-progress
 	$(PY) -m collect.harvest $(MEASURE)/heldout/collect/trajectories.jsonl --out $(MEASURE)/heldout/states --eval-share 0.0
 	$(PY) -m serve.eval --config $(MEASURE_EVAL) --out $(MEASURE)/eval
+
+# ---- GPU stack resolution (issue 54) ----------------------------------------------------------------------------------
+# make gpu-resolve   needs PyPI, no CUDA: pip resolves .[test,gpu] from the packages' metadata alone (--dry-run, in a
+#                    throwaway venv, nothing installed) under constraints/gpu.txt, then constraints/gpu_resolution.py
+#                    checks that the result is exactly the pinned set and that vLLM is inside TRL's window, torch is
+#                    the one vLLM pins, transformers inside vLLM's range, triton >= 3.7.1. --isolated: this machine's
+#                    pip configuration (extra indexes, find-links, global constraints) stays out of the answer.
+# make gpu-setup     a GPU node: the pinned set (make setup EXTRAS=test,gpu with constraints/gpu.txt instead of cpu.txt)
+GPU_RESOLVE_VENV ?= /tmp/omni-decision-gpu-resolve
+GPU_RESOLVE_CONSTRAINTS ?= -c constraints/gpu.txt
+GPU_RESOLVE_PIP ?= --isolated
+
+.PHONY: gpu-resolve gpu-setup
+gpu-resolve:  ## GPU_RESOLVE_CONSTRAINTS= (unset: what PyPI resolves today, to regenerate constraints/gpu.txt)
+	@command -v $(PY_BOOT) >/dev/null || { echo "error: $(PY_BOOT) not found (the GPU node's Python, 3.11)"; exit 1; }
+	rm -rf $(GPU_RESOLVE_VENV) && $(PY_BOOT) -m venv $(GPU_RESOLVE_VENV)
+	$(GPU_RESOLVE_VENV)/bin/python -m pip $(GPU_RESOLVE_PIP) install --quiet --upgrade pip packaging
+	$(GPU_RESOLVE_VENV)/bin/python -m pip $(GPU_RESOLVE_PIP) install --dry-run --ignore-installed --quiet \
+		--report $(GPU_RESOLVE_VENV)/report.json $(GPU_RESOLVE_CONSTRAINTS) ".[test,gpu]"
+	$(GPU_RESOLVE_VENV)/bin/python -m constraints.gpu_resolution $(GPU_RESOLVE_VENV)/report.json constraints/gpu.txt
+
+gpu-setup:  ## a GPU node: .venv with .[test,gpu] pinned by constraints/gpu.txt (vLLM's CUDA torch, not the CPU one)
+	$(MAKE) setup EXTRAS=test,gpu TORCH_CONSTRAINT="-c constraints/gpu.txt"
