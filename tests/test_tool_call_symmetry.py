@@ -93,6 +93,21 @@ def test_request_rendering_reimplementation_renders_what_vllm_rendered(case, tok
         assert render() == case["prompt"]
 
 
+@pytest.mark.parametrize(
+    "case", FIXTURE["postprocess_cases"], ids=lambda c: json.dumps(c["messages"][1]["tool_calls"])
+)
+def test_tool_call_arguments_reach_the_template_as_vllm_passes_them(case):
+    """vLLM decodes a JSON-object `arguments` string to a mapping and makes every other value (empty, None, malformed,
+    not an object) {}; an empty tool_calls list is dropped. The re-implementation and the SFT/GRPO side
+    (collect.harvest.template_messages, which sft.train and rl.train render through) must do the same."""
+    from collect.harvest import template_messages
+
+    want = case["conversation"][1]
+    for got in (V.serving_messages(case["messages"], "string")[1], template_messages(case["messages"])[1]):
+        assert ("tool_calls" in got) == ("tool_calls" in want)
+        assert got.get("tool_calls") == want.get("tool_calls")
+
+
 def test_serving_tools_carry_a_null_description_when_the_request_has_none():
     """A tool without `description` reaches the template as `"description": null` (ChatCompletionToolsParam's dump):
     the serving prompt then differs from SFT's, which renders the tool as written. Every tool schema the runtime
