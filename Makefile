@@ -5,7 +5,7 @@ PY_BOOT ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# CPU default. GPU node: make setup EXTRAS=test,gpu TORCH_CONSTRAINT=   (vLLM brings its own CUDA torch)
+# CPU default. GPU node: make gpu-setup (the pinned GPU stack, constraints/gpu.txt)
 EXTRAS ?= test
 TORCH_CONSTRAINT ?= -c constraints/cpu.txt
 WARM_IMPORTS := collect.__main__ sft.train rl.train serve.local pipeline.onpolicy pipeline.eval
@@ -14,12 +14,12 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help setup test test-fast lint format clean collect merge harvest sft rl heldout serve serve-local eval bench \
-	demo gpu-check wheels gpu-setup-offline relabel onpolicy measure imports
+	demo gpu-check wheels gpu-setup-offline relabel onpolicy measure imports gpu-resolve gpu-setup
 
 help:  ## this list: each target and the variables it reads
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  make %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: $(STAMP)  ## EXTRAS=test (test,gpu on a GPU node, with TORCH_CONSTRAINT=): .venv with the pinned stack
+setup: $(STAMP)  ## EXTRAS=test: .venv with the pinned CPU stack (a GPU node: make gpu-setup)
 
 $(STAMP): pyproject.toml constraints/cpu.txt
 	@command -v $(PY_BOOT) >/dev/null || { echo "error: $(PY_BOOT) not found (Python 3.11 is required)"; exit 1; }
@@ -159,3 +159,25 @@ gpu-setup-offline:  ## offline GPU node: .venv with .[test,gpu] from WHEELS=whee
 	test -x $(PY) || $(PY_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --no-index --find-links $(WHEELS) -e ".[test,gpu]"
 	@touch $(STAMP)
+
+# ---- GPU stack resolution ---------------------------------------------------------------------------------------------
+# make gpu-resolve   needs PyPI, no CUDA: pip resolves .[test,gpu] from the packages' metadata alone (--dry-run, in a
+#                    throwaway venv, nothing installed) under constraints/gpu.txt, then constraints/gpu_resolution.py
+#                    checks that the result is exactly the pinned set and that vLLM is inside TRL's window, torch is
+#                    the one vLLM pins, transformers inside vLLM's range, triton >= 3.7.1. --isolated: this machine's
+#                    pip configuration (extra indexes, find-links, global constraints) stays out of the answer.
+# make gpu-setup     a GPU node: the pinned set (make setup EXTRAS=test,gpu with constraints/gpu.txt instead of cpu.txt)
+GPU_RESOLVE_VENV ?= /tmp/omni-decision-gpu-resolve
+GPU_RESOLVE_CONSTRAINTS ?= -c constraints/gpu.txt
+GPU_RESOLVE_PIP ?= --isolated
+
+gpu-resolve:  ## GPU_RESOLVE_CONSTRAINTS= (unset: what PyPI resolves today, to regenerate constraints/gpu.txt)
+	@command -v $(PY_BOOT) >/dev/null || { echo "error: $(PY_BOOT) not found (the GPU node's Python, 3.11)"; exit 1; }
+	rm -rf $(GPU_RESOLVE_VENV) && $(PY_BOOT) -m venv $(GPU_RESOLVE_VENV)
+	$(GPU_RESOLVE_VENV)/bin/python -m pip $(GPU_RESOLVE_PIP) install --quiet --upgrade pip packaging
+	$(GPU_RESOLVE_VENV)/bin/python -m pip $(GPU_RESOLVE_PIP) install --dry-run --ignore-installed --quiet \
+		--report $(GPU_RESOLVE_VENV)/report.json $(GPU_RESOLVE_CONSTRAINTS) ".[test,gpu]"
+	$(GPU_RESOLVE_VENV)/bin/python -m constraints.gpu_resolution $(GPU_RESOLVE_VENV)/report.json constraints/gpu.txt
+
+gpu-setup:  ## a GPU node: .venv with .[test,gpu] pinned by constraints/gpu.txt (vLLM's CUDA torch, not the CPU one)
+	$(MAKE) setup EXTRAS=test,gpu TORCH_CONSTRAINT="-c constraints/gpu.txt"

@@ -695,18 +695,29 @@ def run_check(
     return report
 
 
+NOT_A_GPU_RUN = (
+    "gpu-check: NOT A GPU RUN (no CUDA device, or --device cpu): the CPU mode checks that the script still works at "
+    "tiny dims; it measures no MFU and no GPU speed"
+)
+
+
 def print_table(report: dict) -> None:
-    print(f"gpu-check ({report['mode']}): {report['peak']['card']}, peak {report['peak']['peak_flops'] / 1e12:.3g} "
-          f"TFLOP/s ({report['peak']['peak_source']})")  # fmt: skip
+    """The summary. In CPU mode: no MFU and no 64-layer extrapolation (they are GPU figures; the JSON keeps them)."""
+    gpu = report["mode"] == "gpu"
+    if gpu:
+        print(f"gpu-check (gpu): {report['peak']['card']}, peak {report['peak']['peak_flops'] / 1e12:.3g} "
+              f"TFLOP/s ({report['peak']['peak_source']})")  # fmt: skip
+    else:
+        print(f"gpu-check (cpu, not a GPU run): {report['peak']['card']}")
     for name, rec in report["stages"].items():
         if "error" in rec:
             print(f"  {name}: ERROR {rec['error'][:300]}")
             continue
-        mfu = f"{100 * rec['mfu']:.1f}%" if rec.get("mfu") is not None else "n/a"
-        print(f"  {name}: {rec['s_per_step']:.3f} s/step, {rec['tokens_per_s']:.0f} tokens/s, MFU {mfu}, "
+        mfu = (f", MFU {100 * rec['mfu']:.1f}%" if rec.get("mfu") is not None else ", MFU n/a") if gpu else ""
+        print(f"  {name}: {rec['s_per_step']:.3f} s/step, {rec['tokens_per_s']:.0f} tokens/s{mfu}, "
               f"peak {rec['peak_memory_gib']:.2f} GiB")  # fmt: skip
         ex = rec.get("extrapolation") or {}
-        if ex.get("s_per_step"):
+        if gpu and ex.get("s_per_step"):
             mem = f", ~{ex['peak_memory_gib']:.0f} GiB on one device" if ex.get("peak_memory_gib") else ""
             mfu = f", MFU ~{100 * ex['mfu']:.1f}%" if ex.get("mfu") else ""
             print(f"    {ex['label']}, {ex['method']}: ~{ex['s_per_step']:.2f} s/step{mfu}{mem}")
@@ -731,6 +742,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-packing", action="store_true", help="GPU SFT without BFD packing / padding-free")
     ap.add_argument("--kernels-only", action="store_true", help="print kernels_report() and exit")
     a = ap.parse_args(argv)
+    import torch
+
+    gpu = a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
+    if not gpu:  # said first, before any figure (stderr with --kernels-only, whose stdout is JSON)
+        print(NOT_A_GPU_RUN, file=sys.stderr if a.kernels_only else sys.stdout, flush=True)
     if a.kernels_only:
         print(jsonio.dumps(kernels_report(), nonfinite="string", indent=1))
         return 0

@@ -61,27 +61,31 @@ def decision_completion(action: Action) -> list[dict]:
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as chat templates expect them: assistant `tool_calls[].function.arguments` decoded from the OpenAI
-    wire form (a JSON string) into a mapping, everything else unchanged. vLLM's chat endpoint does the same before it
-    applies the template (vllm/entrypoints/chat_utils.py `_postprocess_messages`), so this is what the model saw when
-    the planner was served; a string would crash Qwen3.5's template (`arguments|items`). Arguments that are not a
-    JSON object stay as given (a template renders them verbatim or rejects them)."""
+    """Messages as chat templates expect them, i.e. as vLLM's chat endpoint hands them to the template (vLLM 0.31
+    `entrypoints/chat_utils.py` `_postprocess_messages`, recorded in tests/fixtures/vllm_tool_parsers.json): assistant
+    `tool_calls[].function.arguments` in the OpenAI wire form (a JSON string) decoded into a mapping, any other value
+    that is not a mapping (empty, None, malformed, not a JSON object) made {}, and an empty `tool_calls` list dropped;
+    everything else unchanged. So the model trains on the prompt it is served; a string would crash Qwen3.5's template
+    (`arguments|items`)."""
     out = []
     for m in messages:
         calls = m.get("tool_calls") if isinstance(m, dict) else None
-        if not calls:
+        if not isinstance(calls, list) or m.get("role") != "assistant":
             out.append(m)
+            continue
+        if not calls:
+            out.append({k: v for k, v in m.items() if k != "tool_calls"})
             continue
         fixed = []
         for tc in calls:
             f = tc.get("function") if isinstance(tc, dict) else None
-            if isinstance(f, dict) and isinstance(f.get("arguments"), str):
+            if isinstance(f, dict) and not isinstance(f.get("arguments"), dict):
+                args = f.get("arguments")
                 try:
-                    args = jsonio.loads(f["arguments"]) if f["arguments"].strip() else {}
+                    args = jsonio.loads(args) if isinstance(args, str) and args else args
                 except jsonio.BadJSON:
                     args = None
-                if isinstance(args, dict):
-                    tc = {**tc, "function": {**f, "arguments": args}}
+                tc = {**tc, "function": {**f, "arguments": args if isinstance(args, dict) else {}}}
             fixed.append(tc)
         out.append({**m, "tool_calls": fixed})
     return out

@@ -3,9 +3,13 @@
     python -m serve.vllm --config configs/serve/qwen3_5_27b_lora.yaml [--dry-run]
 
 Two layouts: `merged` (one standalone checkpoint, e.g. sft/train.py's OUT/merged) and `lora` (base weights + adapters
-served with --enable-lora; clients pick an adapter by its module name). The tool-call parser follows the model family:
-Qwen2.5 / Qwen3 emit hermes-style `<tool_call>{json}</tool_call>` -> `hermes`; Qwen3.5 emits the XML form ->
-`qwen3_xml`. vLLM has no LoRA support for Qwen3-Omni, so a LoRA layout for it is refused: merge first.
+served with --enable-lora; clients pick an adapter by its module name). The tool-call parser follows the model family,
+i.e. the form its chat template trains (tests/test_tool_call_symmetry.py parses every SFT row kind back with it):
+Qwen2.5 / Qwen3 / Qwen3-Omni emit hermes-style `<tool_call>{json}</tool_call>` -> `hermes`; Qwen3.5 emits the XML form
+-> `qwen3_coder` (vLLM's Qwen3.5 recipe; in vLLM 0.31 `qwen3_xml` is the same parser). The chat template gets message
+content as strings (`--chat-template-content-format string`), as SFT rendered it: vLLM's auto-detection picks the
+list-of-parts form for the Qwen3.5 and Qwen3-Omni templates, and Qwen3-Omni's template then rejects a request with
+tools and a system message. vLLM has no LoRA support for Qwen3-Omni, so a LoRA layout for it is refused: merge first.
 This module never imports vllm (the command runs in a subprocess), so it is testable on CPU.
 
 What to serve from sft/train.py's OUT (docs/serving.md): `merged` -> OUT/merged (written in the base checkpoint's own
@@ -28,7 +32,8 @@ import httpx
 
 from collect.config import load_recipe
 
-TOOL_CALL_PARSERS = {"qwen2.5": "hermes", "qwen3": "hermes", "qwen3.5": "qwen3_xml", "qwen3-omni": "hermes"}
+TOOL_CALL_PARSERS = {"qwen2.5": "hermes", "qwen3": "hermes", "qwen3.5": "qwen3_coder", "qwen3-omni": "hermes"}
+CONTENT_FORMATS = ("string", "openai", "auto")
 NO_LORA_FAMILIES = ("qwen3-omni",)
 
 
@@ -61,6 +66,13 @@ class VLLMServeConfig:
             "prompt ends exactly as the training prompts did"
         },
     )
+    chat_template_content_format: str = field(
+        default="string",
+        metadata={
+            "help": "--chat-template-content-format: string (message content as text, as sft.train renders it), "
+            "openai (a list of parts) or auto (vLLM guesses from the template)"
+        },
+    )
     extra_args: list[str] = field(default_factory=list, metadata={"help": "appended verbatim"})
     startup_timeout_s: float = field(default=900.0, metadata={"help": "wait this long for /v1/models"})
     executable: str = field(default="vllm", metadata={"help": "the vllm CLI"})
@@ -76,6 +88,9 @@ def build_vllm_command(cfg: VLLMServeConfig) -> list[str]:
         raise ValueError(f"family {cfg.family!r} is not one of {sorted(TOOL_CALL_PARSERS)}")
     if cfg.layout not in ("merged", "lora"):
         raise ValueError(f"layout {cfg.layout!r} must be 'merged' or 'lora'")
+    if cfg.chat_template_content_format not in CONTENT_FORMATS:
+        fmt = cfg.chat_template_content_format
+        raise ValueError(f"chat_template_content_format {fmt!r} must be one of {CONTENT_FORMATS}")
     cmd = [cfg.executable, "serve", cfg.model]
     if cfg.served_model_name:
         cmd += ["--served-model-name", cfg.served_model_name]
@@ -105,6 +120,7 @@ def build_vllm_command(cfg: VLLMServeConfig) -> list[str]:
     cmd += ["--enable-auto-tool-choice", "--tool-call-parser", cfg.tool_call_parser or TOOL_CALL_PARSERS[cfg.family]]
     if cfg.default_chat_template_kwargs:
         cmd += ["--default-chat-template-kwargs", json.dumps(cfg.default_chat_template_kwargs, sort_keys=True)]
+    cmd += ["--chat-template-content-format", cfg.chat_template_content_format]
     return cmd + list(cfg.extra_args)
 
 

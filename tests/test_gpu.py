@@ -1,6 +1,6 @@
 """GPU-node checks: deselected on CPU by the default `-m "not gpu and not vllm"`; skipped without CUDA or vLLM.
 
-Run on a GPU node after `make setup EXTRAS=test,gpu TORCH_CONSTRAINT=`:
+Run on a GPU node after `make gpu-setup` (the set pinned in constraints/gpu.txt):
     .venv/bin/python -m pytest -q -m "gpu or vllm" tests/test_gpu.py
 They use the tiny model, so they need no downloaded weights."""
 

@@ -72,6 +72,45 @@ def test_kernels_report_names_what_transformers_bound():
         assert rep["fast_paths"]["gated_delta_rule_fla"] is False and rep["notes"]
 
 
+def _report(mode: str) -> dict:
+    """A report shaped like run_check's, with an MFU and an extrapolation in every stage (the CPU JSON has both)."""
+    ex = {"label": "EXTRAPOLATION to 64 layers from measured depths [4] (not measured)", "method": "m",
+          "s_per_step": 9.0, "mfu": 0.2, "peak_memory_gib": 99.0}  # fmt: skip
+    rec = {"s_per_step": 0.5, "tokens_per_s": 1000.0, "mfu": 0.37, "peak_memory_gib": 1.5, "extrapolation": ex}
+    return {
+        "mode": mode,
+        "peak": {"card": "x86_64", "peak_flops": 1e11, "peak_source": "measured"},
+        "stages": {"sft": dict(rec), "rl": dict(rec)},
+        "kernels": {"fast_paths": {}, "notes": []},
+        "json": "OUT/gpu_check.json",
+        "wall_s": 1.0,
+    }
+
+
+def test_cpu_run_says_first_that_it_is_not_a_gpu_run_and_prints_no_mfu(monkeypatch, capsys, tmp_path):
+    """Without CUDA, the first line of `make gpu-check` says it is not a GPU run, and no MFU or 64-layer
+    extrapolation is printed (the JSON still has them)."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(gpu_check, "run_check", lambda out, **kw: calls.append(kw) or _report("cpu"))
+    assert gpu_check.main(["--device", "auto", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    first, *rest = out.splitlines()
+    assert calls and first == gpu_check.NOT_A_GPU_RUN
+    rest = "\n".join(rest)
+    assert "MFU" not in rest and "EXTRAPOLATION" not in rest and "%" not in rest, rest
+    assert "0.500 s/step" in out  # the stage lines are still there
+
+
+def test_gpu_run_prints_mfu_and_the_extrapolation(capsys):
+    gpu_check.print_table(_report("gpu"))
+    out = capsys.readouterr().out
+    assert not out.startswith(gpu_check.NOT_A_GPU_RUN)
+    assert "MFU 37.0%" in out and "EXTRAPOLATION to 64 layers" in out and "MFU ~20.0%" in out
+
+
 @pytest.mark.slow
 def test_cpu_mode_end_to_end_writes_every_figure(tmp_path):
     """`python -m bench.gpu_check --device cpu` (= `make gpu-check DEVICE=cpu`): collect -> Qwen3.5 hybrid build ->
@@ -108,7 +147,10 @@ def test_cpu_mode_end_to_end_writes_every_figure(tmp_path):
     )
     assert rep["stages"]["sft"]["entry_point_summary"]["steps"] == rep["stages"]["sft"]["steps_total"]
     assert rep["stages"]["rl"]["policy"].endswith("merged")  # GRPO starts from the SFT stage's merged model
-    assert "gpu-check (cpu)" in r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[0] == gpu_check.NOT_A_GPU_RUN, lines[:3]  # said first, before any figure
+    assert "MFU" not in "\n".join(lines[1:]) and "EXTRAPOLATION" not in r.stdout, r.stdout
+    assert rep["stages"]["sft"]["mfu"] > 0  # the JSON keeps every figure
 
 
 @pytest.mark.gpu

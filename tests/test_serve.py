@@ -131,10 +131,21 @@ def test_vllm_merged_layout_has_no_lora_flags():
 
 
 @pytest.mark.parametrize(
-    "family,parser", [("qwen2.5", "hermes"), ("qwen3", "hermes"), ("qwen3.5", "qwen3_xml"), ("qwen3-omni", "hermes")]
+    "family,parser", [("qwen2.5", "hermes"), ("qwen3", "hermes"), ("qwen3.5", "qwen3_coder"), ("qwen3-omni", "hermes")]
 )
 def test_vllm_tool_call_parser_follows_model_family(family, parser):
-    assert _opt(build_vllm_command(_cfg(family=family)), "--tool-call-parser") == parser
+    """Why each parser: tests/test_tool_call_symmetry.py (every trained row kind parses back with it)."""
+    cmd = build_vllm_command(_cfg(family=family))
+    assert _opt(cmd, "--tool-call-parser") == parser
+    assert _opt(cmd, "--chat-template-content-format") == "string"  # message content as SFT rendered it
+
+
+def test_vllm_content_format_is_checked():
+    assert _opt(build_vllm_command(_cfg(chat_template_content_format="auto")), "--chat-template-content-format") == (
+        "auto"
+    )
+    with pytest.raises(ValueError, match="chat_template_content_format 'text'"):
+        build_vllm_command(_cfg(chat_template_content_format="text"))
 
 
 def test_vllm_refuses_lora_for_qwen3_omni_and_unknown_family():
@@ -149,7 +160,7 @@ def test_vllm_serve_recipes_build(name):
     cfg = VLLMServeConfig.from_yaml(ROOT / f"configs/serve/{name}.yaml")
     cmd = build_vllm_command(cfg)
     assert ("--enable-lora" in cmd) == name.endswith("_lora")
-    assert _opt(cmd, "--tool-call-parser") == ("qwen3_xml" if "qwen3_5" in name else "hermes")
+    assert _opt(cmd, "--tool-call-parser") == ("qwen3_coder" if "qwen3_5" in name else "hermes")
 
 
 @pytest.mark.parametrize(

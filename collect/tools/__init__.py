@@ -69,9 +69,9 @@ def _perception_schema(tool: str, r0: TaskContext) -> dict:
         "query": {"type": "string", "description": "what to look or listen for"},
     }
     if any(a.type in ("video", "audio") for a in assets):
-        # Stays "array" with runtime.window_refs, where a planner may write "{window:K}": vLLM's qwen3_xml parser
-        # converts a value by this type (array: ast.literal_eval, else the raw string, which carries the reference),
-        # and would turn a list into text under a type list or anyOf (docs/serving.md, the vLLM source table).
+        # Stays "array" with runtime.window_refs, where a planner may write "{window:K}": vLLM's qwen3_coder parser
+        # (0.31) converts a value by this type (array: json.loads, else the raw string, which carries the reference;
+        # tests/test_tool_call_symmetry.py parses both forms back; docs/serving.md).
         props["time_range"] = {
             "type": "array",
             "items": {"type": "number", "minimum": 0},
