@@ -9,7 +9,6 @@ import argparse
 import datetime as dt
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from transformers import AutoTokenizer
 
 from bench import concurrency, context, overhead, throughput, training
 from collect import jsonio
+from collect.cli import run_cli
 from collect.harvest import harvest
 from sft.tiny import build_tiny_model
 
@@ -80,4 +80,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, "no figures were written")

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from collect import jsonio
+from collect.cli import run_cli
 from sft.tiny import default_texts, save_checkpoint, train_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -768,4 +769,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, "the figures measured so far are in OUT/gpu_check.json")

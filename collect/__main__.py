@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from collect import jsonio
+from collect.cli import run_cli
 from collect.config import load_config
 from collect.harvest import harvest
 from collect.run import RunDirError, run_collection, setup_logging
@@ -92,4 +93,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from collect import jsonio
 from collect.actions import Action, ActionError, validate_action
+from collect.cli import run_cli
 from collect.ledger import Budget, TaskContext, digest, ledger_from_dict
 from collect.trajectory import iter_trajectories
 
@@ -320,4 +321,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, "rerun the same command: harvest rewrites its outputs whole")

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from collect import jsonio
+from collect.cli import run_cli
 from collect.config import parse_shard
 from collect.harvest import harvest
 from collect.summary import summarize
@@ -170,4 +171,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, "nothing is written until the merge finishes: rerun it")

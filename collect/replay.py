@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from collect.cli import run_cli
 from collect.ledger import event_from_dict, initial_ledger, ledger_from_dict, reduce, state_hash
 from collect.trajectory import read_trajectories
 
@@ -65,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, "nothing was changed")

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collect import jsonio
-from collect.config import RuntimeConfig, load_config, load_recipe
+from collect.cli import run_cli
+from collect.config import EndpointConfig, RuntimeConfig, from_mapping, load_config, load_recipe
 from collect.ledger import INSUFFICIENT, OUTCOMES
 from collect.processes import parse_processes, raise_first, resolve_processes, run_spawned, threads_per_process
 from collect.run import RunDirError, run_collection, setup_logging
@@ -100,6 +101,11 @@ class EvalConfig:
                 )
             if keys == {"checkpoint", "endpoint"} and {"base_url", "model"} & set(spec["endpoint"]):
                 raise ValueError(f"planners.{name}: a served checkpoint gets its base_url/model from serve.local")
+            if isinstance(spec, dict):  # the endpoint it will get, checked now rather than when its cells start
+                ep = {**self.planner_endpoint, **(spec.get("endpoint") or {})}
+                if "checkpoint" in spec:
+                    ep |= {"base_url": "http://127.0.0.1:1/v1", "model": "served"}  # what serve.local sets
+                from_mapping(EndpointConfig, ep, f"planners.{name}.endpoint")
 
 
 def expand_seeds(planners: dict) -> dict:
@@ -495,4 +501,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collect import jsonio
+from collect.cli import run_cli
 from collect.config import load_recipe
 from collect.processes import parse_processes
 from collect.run import RunDirError, setup_logging
@@ -187,4 +188,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, "finished rounds are kept: rerun the same command to resume")

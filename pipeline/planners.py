@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from collect.config import EndpointConfig
+from serve.checks import checkpoint_problem
 from serve.local import LocalServer
 
 # What a served or URL planner is asked for unless a recipe says otherwise (pipeline.eval's `planner_endpoint`,
@@ -65,11 +66,13 @@ def planner_name(planner: str) -> str:
 
 
 def require_checkpoint(spec: dict, who: str = "planner") -> str:
-    """The checkpoint folder of a {checkpoint: DIR} planner spec; FileNotFoundError naming `who` when it is missing
-    (checked before a server or any process starts)."""
+    """The checkpoint folder of a {checkpoint: DIR} planner spec; FileNotFoundError naming `who` when it is missing or
+    not a servable save_pretrained checkpoint (checked before a server or any process starts)."""
     ckpt = spec["checkpoint"]
     if not Path(ckpt).is_dir():
         raise FileNotFoundError(f"{who}: checkpoint not found: {ckpt}")
+    if problem := checkpoint_problem(ckpt):
+        raise FileNotFoundError(f"{who}: {problem}")
     return ckpt
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from collect import jsonio
 from collect.actions import Action, ActionError, offered_refs, resolve_refs, validate_action
+from collect.cli import run_cli
 from collect.config import load_config
 from collect.harvest import _save, decision_rows, split_of
 from collect.ledger import Asset, Budget, TaskContext, ledger_from_dict
@@ -312,4 +313,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -34,6 +34,7 @@ from datasets import load_from_disk
 
 from collect import jsonio
 from collect.actions import Action
+from collect.cli import run_cli
 from collect.ledger import call_signature, canonical_args
 from rewards import build_judge, score_components, total, use_judge
 from rewards.rules import parse_candidate
@@ -376,4 +377,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, "nothing was written")

@@ -47,6 +47,7 @@ from peft import PeftConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
+from collect.cli import run_cli
 from collect.harvest import template_messages
 from rewards import (
     DEFAULT_WEIGHTS,
@@ -486,4 +487,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, "training stopped; OUT holds no final model (rerun to train again)", errors=(FileNotFoundError,))

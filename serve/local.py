@@ -55,6 +55,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from collect.actions import TOOL_CALL_RE
+from collect.cli import run_cli
+from serve.checks import checkpoint_problem, port_problem
 
 log = logging.getLogger(__name__)
 
@@ -337,8 +339,8 @@ class ChatModel:
     """A tokenizer + causal LM; generations run one at a time on one worker thread, behind an admission count."""
 
     def __init__(self, model_dir: str | os.PathLike, name: str | None = None, limits: ServeLimits | None = None):
-        if not (Path(model_dir) / "config.json").exists():
-            raise FileNotFoundError(f"--model {model_dir}: no config.json (expected a save_pretrained checkpoint)")
+        if problem := checkpoint_problem(model_dir):
+            raise FileNotFoundError(f"--model {problem}")
         self.name = name or Path(model_dir).name
         self.limits = limits or ServeLimits()
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -955,6 +957,8 @@ def main(argv: list[str] | None = None) -> None:
         ensure_open_files(server_limits)
     except ValueError as e:
         ap.error(str(e))
+    if problem := checkpoint_problem(model) or port_problem(host, int(port)):
+        ap.error(problem)  # before the model is loaded
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app = create_app(model, a.name or cfg.get("name"), server_limits)
     server = _Server(_uvicorn_config(app, host, int(port), log_level="info"), app.state.chat)
@@ -962,4 +966,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main, "the server was stopped")

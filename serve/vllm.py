@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -30,7 +31,9 @@ from pathlib import Path
 
 import httpx
 
+from collect.cli import run_cli
 from collect.config import load_recipe
+from serve.checks import checkpoint_problem, port_problem
 
 TOOL_CALL_PARSERS = {"qwen2.5": "hermes", "qwen3": "hermes", "qwen3.5": "qwen3_coder", "qwen3-omni": "hermes"}
 CONTENT_FORMATS = ("string", "openai", "auto")
@@ -154,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     print(shlex.join(cmd), flush=True)
     if a.dry_run:
         return 0
+    if shutil.which(cfg.executable) is None:
+        problem = f"the vLLM command {cfg.executable!r} is not installed: on a GPU node run make gpu-setup"
+    else:  # vLLM takes minutes to load a model: what would stop it later is checked now
+        problem = checkpoint_problem(cfg.model) or port_problem(cfg.host, cfg.port)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     proc = subprocess.Popen(cmd)
     try:
         wait_until_ready(f"http://{cfg.host}:{cfg.port}", cfg.startup_timeout_s, proc)
@@ -170,4 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main, "the server was stopped")

@@ -38,6 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 
 from collect import jsonio
+from collect.cli import run_cli
 from collect.harvest import message_features, template_messages
 from sft.lm_head import compact_lm_head_on_cpu
 from sft.segment_cache import segment_cached
@@ -373,6 +374,8 @@ def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, mod
     out = Path(training_args.output_dir)
     dtype = configure_device(training_args, model_args)
 
+    if not Path(script_args.dataset_dir).exists():  # before a base model is built or loaded
+        raise FileNotFoundError(f"dataset_dir {script_args.dataset_dir!r} does not exist: run collect (harvest) first")
     # -- the base model (build the tiny one offline when asked and absent)
     model_path = model_args.model_name_or_path
     if model_path is None or not Path(model_path).exists():
@@ -508,4 +511,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[SFTScriptArguments, SFTCo
 
 
 if __name__ == "__main__":
-    main(*parse_args())
+    run_cli(
+        lambda: main(*parse_args()),
+        "training stopped; OUT holds no final model (rerun to train again)",
+        errors=(FileNotFoundError,),
+    )

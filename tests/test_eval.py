@@ -17,6 +17,7 @@ from collect.ledger import OUTCOMES
 from collect.run import RunDirError
 from pipeline.eval import format_table, load_eval_config, run_eval
 from pipeline.planners import checkpoint_fingerprint, parse_planner_arg
+from tests.helpers.loop_script import fake_checkpoint
 
 SUMMARY_KEYS = {
     "n_tasks",
@@ -179,6 +180,7 @@ def test_a_served_checkpoint_takes_per_planner_endpoint_overrides(tmp_path, monk
             return False
 
     monkeypatch.setattr(pipeline.planners, "LocalServer", FakeServer)
+    fake_checkpoint(tmp_path)
     defaults = {"max_tokens": 640, "timeout_s": 120.0, "max_retries": 2}
     with planner_endpoint({"checkpoint": str(tmp_path), "endpoint": {"max_tokens": 64}}, defaults) as ep:
         assert (ep.max_tokens, ep.timeout_s, ep.base_url) == (64, 120.0, FakeServer.base_url)

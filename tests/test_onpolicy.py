@@ -29,6 +29,7 @@ from pipeline.relabel import (
 )
 from rl.train import load_state_pool
 from tests.fakes import FakeChatServer, text, tool_call
+from tests.helpers.loop_script import fake_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = str(ROOT / "configs/collect/embedded.yaml")
@@ -296,7 +297,7 @@ def test_eval_pools_seeds_with_heldout_figures_and_the_report_shows_them(tmp_pat
 
         monkeypatch.setattr(pipeline.eval, "score", fake_score)
         for s in ("s0", "s1"):
-            (tmp_path / s).mkdir()
+            fake_checkpoint(tmp_path / s)
         p = tmp_path / "e.yaml"
         p.write_text(
             json.dumps(

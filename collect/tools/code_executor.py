@@ -829,6 +829,9 @@ class _Launcher:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            # out of the terminal's process group: Ctrl-C is the runtime's to handle; the launcher ends with the
+            # runtime's stdin (or its death signal) as always
+            start_new_session=True,
         )
         self.lock = threading.Lock()
         self.pending: dict[int, Future] = {}

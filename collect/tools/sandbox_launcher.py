@@ -23,11 +23,14 @@ import dataclasses
 import importlib.util
 import json
 import os
+import signal
 import sys
 import threading
 
 
 def main():
+    # Ctrl-C reaches the whole process group: the runtime handles it; this process ends with the runtime's stdin
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     path, parent, threads, nice = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     try:
         import ctypes

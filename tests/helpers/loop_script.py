@@ -119,3 +119,16 @@ def closure_record() -> dict:
         srv.script("finalizer", text("1999"))
         srv.script("answer_critic", answer_critic(True))
         return run(srv)
+
+
+def fake_checkpoint(d):
+    """A folder with a save_pretrained checkpoint's layout (serve.checks.checkpoint_problem) and no usable weights:
+    for tests whose server is replaced."""
+    from pathlib import Path
+
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "tokenizer.json"):
+        (d / name).write_text("{}")
+    (d / "model.safetensors").write_bytes(b"")
+    return d
