@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
-from datetime import datetime
 
 from collect.actions import (
     Action,
@@ -48,241 +46,22 @@ from collect.ledger import (
 )
 from collect.roles.base import PlannerReply, Roles, Usage
 from collect.tasks import Task
+from collect.values import exact_in_text, value_in_text, value_matches
 from collect.world.compute import program
 
 TEACHER_MODEL = "offline-teacher"
 PERCEPTION_ORDER = ("subtitle_grounding", "frame_confirm", "audio_scout", "clip_grounding")
-_NUM_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def _usage() -> Usage:
     return Usage(model=TEACHER_MODEL, calls=1)
 
 
-def _as_number(s: str) -> float | None:
-    t = s.strip().replace(",", "")
-    if re.fullmatch(r"-?\d+(?:\.\d+)?", t):
-        return float(t)
-    return None
-
-
-def value_in_text(value: str, text: str) -> bool:
-    """Does the text assert this value? Numbers compare numerically against every number in the text; other values
-    match case-insensitively as whole words (so a similar name or a longer number does not count). When that exact
-    reading finds nothing, the normalized reading of `value_matches` decides (number words, units, accents...)."""
-    return _exact_in_text(value, text) or value_matches(value, text)
-
-
-def _exact_in_text(value: str, text: str) -> bool:
-    num = _as_number(value)
-    if num is not None:
-        return any(_same_number(x, num) for x in _numbers(text))
-    v = re.sub(r"\s+", " ", value.strip())
-    t = re.sub(r"\s+", " ", text)
-    return re.search(r"(?<!\w)" + re.escape(v) + r"(?!\w)", t, re.IGNORECASE) is not None
-
-
-def _numbers(text: str) -> list[float]:
-    out = []
-    for m in _NUM_RE.findall(text):
-        try:
-            out.append(float(m.replace(",", "")))
-        except ValueError:
-            continue
-    return out
-
-
-def _same_number(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(1.0, abs(b))
-
-
-# ---- normalized value matching (external task files: values written the way people write them) -------------------
-
-_SMALL = {
-    w: i
-    for i, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-        "seventeen eighteen nineteen".split()
-    )
-}
-_TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
-_SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1_000_000_000}
-_ALONE = {"once": 1, "twice": 2, "thrice": 3, "dozen": 12, "half": 0.5}  # words that are a number on their own
-_NUMBER_WORD = set(_SMALL) | set(_TENS) | set(_SCALES) | set(_ALONE) | {"a", "an", "and"}
-# unit spellings -> one canonical unit (plural "s" is stripped before the lookup)
-_UNITS = {
-    "km": "km", "kilometre": "km", "kilometer": "km", "kms": "km",
-    "m": "m", "metre": "m", "meter": "m", "mi": "mi", "mile": "mi", "ft": "ft", "foot": "ft", "feet": "ft",
-    "cm": "cm", "centimetre": "cm", "centimeter": "cm", "mm": "mm", "millimetre": "mm", "millimeter": "mm",
-    "kg": "kg", "kilogram": "kg", "kilo": "kg", "g": "g", "gram": "g", "t": "t", "tonne": "t", "ton": "t",
-    "l": "l", "litre": "l", "liter": "l", "h": "h", "hr": "h", "hour": "h", "min": "min", "minute": "min",
-    "s": "s", "sec": "s", "second": "s", "day": "day", "week": "week", "month": "month", "year": "year", "yr": "year",
-    "%": "%", "percent": "%", "per cent": "%", "pct": "%",
-    "€": "eur", "eur": "eur", "euro": "eur", "$": "usd", "usd": "usd", "dollar": "usd", "£": "gbp", "gbp": "gbp",
-    "pound": "gbp", "knot": "kn", "kn": "kn", "°c": "c", "c": "c", "celsius": "c", "degree": "deg",
-}  # fmt: skip
-_DATE_FORMATS = ("%d %B %Y", "%B %d %Y", "%Y-%m-%d", "%d %b %Y", "%b %d %Y", "%d/%m/%Y")
-
-
-def _unit(word: str) -> str | None:
-    w = word.strip().lower().rstrip(".")
-    if not w:
-        return None
-    return _UNITS.get(w) or (_UNITS.get(w[:-1]) if w.endswith("s") and len(w) > 2 else None)
-
-
-def _fold(text: str) -> str:
-    """Lowercase, accents dropped, every non-alphanumeric run a single space."""
-
-    t = unicodedata.normalize("NFKD", text)
-    t = "".join(c for c in t if not unicodedata.combining(c)).lower()
-    return re.sub(r"[^a-z0-9%€$£.]+", " ", t).strip()
-
-
-def _parse_words(words: list[str]) -> float | None:
-    """A spoken number from its words ("three and a half", "twenty-five", "two thousand four hundred", "twice")."""
-    total = current = 0.0
-    seen = False
-    half = False
-    for k, w in enumerate(words):
-        if w in ("and", "a", "an"):
-            if k + 1 < len(words) and words[k + 1] in ("half",) and seen:
-                continue
-            if w in ("a", "an") and k + 1 < len(words) and words[k + 1] in (*_SCALES, "dozen"):
-                current, seen = 1.0, True
-            continue
-        if w in _SMALL:
-            current += _SMALL[w]
-        elif w in _TENS:
-            current += _TENS[w]
-        elif w == "hundred":
-            current = (current or 1) * 100
-        elif w in _SCALES:
-            total += (current or 1) * _SCALES[w]
-            current = 0.0
-        elif w == "half":
-            if seen:
-                half = True
-            else:
-                current += 0.5
-        elif w == "dozen":
-            current = (current or 1) * 12
-        elif w in _ALONE:
-            current += _ALONE[w]
-        else:
-            try:
-                current += float(w.replace(",", ""))
-            except ValueError:
-                return None
-        seen = True
-    if not seen:
-        return None
-    return total + current + (0.5 if half else 0.0)
-
-
-def _spoken_numbers(text: str) -> list[tuple[float, str]]:
-    """(number, its unit word) for every number in the text, digits or words: "three and a half hours" -> (3.5,
-    "hours"), "1.2 million" -> 1200000, "twice" -> 2, "1 250" (narrow or no-break space) -> 1250."""
-    t = re.sub(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}\b)", "", text.lower())
-    t = re.sub(r"(?<=\d),(?=\d{3}\b)", "", t)
-    t = re.sub(r"(\d)([a-z%€$£°])", r"\1 \2", t)  # "12km" -> "12 km"
-    t = re.sub(r"([€$£])\s*(\d)", r"\1 \2", t)
-    toks = re.findall(r"-?\d+(?:\.\d+)?|[a-z]+|[%€$£]|°c", t)
-    out: list[tuple[float, str]] = []
-    k = 0
-    while k < len(toks):
-        j = k
-        run: list[str] = []
-        while j < len(toks) and (toks[j] in _NUMBER_WORD or re.fullmatch(r"-?\d+(?:\.\d+)?", toks[j])):
-            if re.fullmatch(r"-?\d+(?:\.\d+)?", toks[j]) and run and run[-1] not in ("and", "a", "an"):
-                if any(re.fullmatch(r"-?\d+(?:\.\d+)?", r) for r in run):
-                    break  # two numbers in a row are two numbers
-            run.append(toks[j])
-            j += 1
-        while run and run[-1] in ("and", "a", "an"):
-            run.pop()
-            j -= 1
-        if run:
-            n = _parse_words(run)
-            if n is not None:
-                before = toks[k - 1] if k > 0 else ""
-                after = toks[j] if j < len(toks) else ""
-                out.append((n, after if _unit(after) else before))
-            k = max(j, k + 1)
-        else:
-            k += 1
-    return out
-
-
-def _split_quantity(value: str) -> tuple[float, str | None] | None:
-    """ "12 km" -> (12, "km"), "€45" -> (45, "eur"), "3.5" -> (3.5, None), "1,250 m" -> (1250, "m"); else None."""
-    m = re.fullmatch(r"\s*([€$£]?)\s*(-?\d[\d,]*(?:\.\d+)?)\s*([^\d\s].*?)?\s*", value.strip().lower())
-    if not m:
-        return None
-    try:
-        num = float(m.group(2).replace(",", ""))
-    except ValueError:
-        return None
-    unit_text = (m.group(3) or "").strip() or m.group(1)
-    if not unit_text:
-        return num, None
-    unit = _unit(unit_text)
-    return (num, unit) if unit else None
-
-
-def _dates(text: str) -> set:
-
-    found = set()
-    t = re.sub(r"(\d)(st|nd|rd|th)\b", r"\1", text)
-    t = re.sub(r"[,]", " ", t)
-    t = re.sub(r"\s+", " ", t)
-    pats = (
-        r"\d{1,2} [A-Za-z]{3,9} \d{4}",
-        r"[A-Za-z]{3,9} \d{1,2} \d{4}",
-        r"\d{4}-\d{2}-\d{2}",
-        r"\d{1,2}/\d{1,2}/\d{4}",
-    )
-    for pat in pats:
-        for m in re.findall(pat, t):
-            for fmt in _DATE_FORMATS:
-                try:
-                    found.add(datetime.strptime(m, fmt).date())
-                    break
-                except ValueError:
-                    continue
-    return found
-
-
-def value_matches(value: str, text: str) -> bool:
-    """Normalized value matching: the same quantity written another way counts.
-
-    Numbers: number words ("three and a half" = 3.5, "twice" = 2, "a dozen" = 12, "1.2 million"), thousands
-    separators ("1,250", "1 250"); a value with a unit ("12 km", "€45", "40%") needs the same number with an
-    equivalent unit ("12 kilometres", "45 euros", "40 percent"). Dates: the same day in another format ("3 May 1998",
-    "May 3rd, 1998", "1998-05-03"). Other values: case, accents and punctuation are ignored ("Saint-Malo" =
-    "saint malo"), still as whole words."""
-    if not value.strip():
-        return False
-    q = _split_quantity(value)
-    if q is not None:
-        num, unit = q
-        for n, near in _spoken_numbers(text):
-            if _same_number(n, num) and (unit is None or _unit(near) == unit):
-                return True
-        return False
-    gold_dates = _dates(value)
-    if gold_dates and len(gold_dates) == 1:
-        return bool(gold_dates & _dates(text))
-    v, t = _fold(value), _fold(text)
-    if not v:
-        return False
-    return re.search(r"(?<![a-z0-9])" + re.escape(v) + r"(?![a-z0-9])", t) is not None
-
-
 def _evidence_line(value: str, obs: NormalizedObservation) -> str:
+    """The observation's line that asserts the value (an exact reading first, then the normalized one)."""
     lines = obs.items or obs.summary.splitlines()
     for line in lines:
-        if _exact_in_text(value, line):
+        if exact_in_text(value, line):
             return line[:400]
     for line in lines:
         if value_matches(value, line):
