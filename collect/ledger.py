@@ -589,10 +589,12 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
     cards = {c.name: c for c in state.entity_cards}  # insertion order = card order; a replaced card moves to the end
     bridges = {b.need_index: b for b in state.fact_bridges}
     atom_by_id = {a.id: a for a in atoms}
-    last_valued: dict[int | None, str] = {}  # need index -> id of its latest atom with a value
+    # (need index, normalized value) -> id of the need's latest atom with that value: a conflict's first side is the
+    # atom of the need's current value (not a later atom that kept a stale value without filling the need)
+    last_valued: dict[tuple[int | None, str], str] = {}
     for a in atoms:
         if a.value is not None:
-            last_valued[a.need_index] = a.id
+            last_valued[(a.need_index, normalize_value(a.value))] = a.id
     open_conflict: dict[int, int] = {}  # need index -> position in `conflicts` of its first unresolved conflict
     for pos, c in enumerate(conflicts):
         if not c.resolved:
@@ -628,8 +630,8 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
             )
             atoms.append(atom)
             atom_by_id[atom.id] = atom
-            prior_id = last_valued.get(nd.index)
-            last_valued[nd.index] = atom.id
+            prior_id = last_valued.get((nd.index, normalize_value(nd.value))) if nd.value is not None else None
+            last_valued[(nd.index, normalize_value(atom.value))] = atom.id
             pos = open_conflict.get(nd.index)
             if pos is not None:
                 # A new source on a contested need: it resolves the conflict when it agrees with exactly one side.
@@ -676,9 +678,25 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
                 if atom.source == "web_search":
                     bridges.pop(nd.index, None)
                     bridges[nd.index] = FactBridge(nd.index, ev.arguments[:200], nd.value, atom.source, atom.id)
-        elif up.status == "partial" and nd.status == "unfilled":
-            nd = replace(nd, status="partial")
-            progressed.add(nd.index)
+        elif up.status == "partial":
+            if up.value is not None and str(up.value).strip():
+                # Evidence that does not fill the need (a stale or unconfirmed value): kept in E, the need's value and
+                # status stay as they are (an unfilled need becomes partial). It is never a conflict side by itself.
+                atom = Atom(
+                    id=f"a{seq}.{k}",
+                    need_index=nd.index,
+                    value=str(up.value),
+                    content=(up.evidence or obs.summary)[:500],
+                    source=up.filled_by or ev.tool,
+                    asset_id=obs.asset_id,
+                    span=obs.span,
+                    step=state.steps + 1,
+                )
+                atoms.append(atom)
+                atom_by_id[atom.id] = atom
+            if nd.status == "unfilled":
+                nd = replace(nd, status="partial")
+                progressed.add(nd.index)
         elif up.status == "unfillable" and nd.status != "filled":
             nd = replace(nd, status="unfillable", note="critic: unfillable")
         needs[nd.index] = nd

@@ -46,7 +46,7 @@ from collect.ledger import (
 )
 from collect.roles.base import PlannerReply, Roles, Usage
 from collect.tasks import Task
-from collect.values import exact_in_text, value_in_text, value_matches
+from collect.values import ValueMatch, exact_in_text, find_value, value_in_text, value_matches
 from collect.world.compute import program
 
 TEACHER_MODEL = "offline-teacher"
@@ -296,6 +296,22 @@ class TeacherPlanner:
 
 
 class TeacherCritic:
+    """Privileged evidence critic (module docstring). The task's declared wrong values (`meta.alt_values`) are
+    handled by kind, in an order that does not depend on how they were declared (docs/world.md, "Outdated, conflicting
+    and unresolved evidence"):
+
+    - the gold value is in the observation: it fills the need; a `conflicting` value seen with it (in this observation
+      or kept from an earlier one) is reported first, so the reducer records the conflict and a third source must
+      settle it; an `outdated` value seen with it is ignored (the current value is here);
+    - no gold value: two or more `conflicting` values (seen now or kept) are all reported (a conflict); one
+      `conflicting` or any `outdated` value is kept as evidence that does not fill the need (a `partial` update with
+      the value: the ledger keeps the atom, the need stays open, the gap diagnosis says why);
+    - a filled need: a `conflicting` value without the gold reopens it as a conflict; an `outdated` one is kept as
+      stale evidence, the need stays filled;
+    - a contested need is settled only by a source that asserts the gold value; a declared wrong value never settles
+      it, and a need marked `unresolved_conflict` (no gold) is never settled.
+    """
+
     def __init__(self, task: Task):
         self._chain = task.gold_chain
         self._alts = {int(k): v for k, v in (task.meta.get("alt_values") or {}).items()}
@@ -311,6 +327,17 @@ class TeacherCritic:
                 continue
             return line
         return None
+
+    def _seen_alts(self, i: int, text: str) -> list[tuple[str, str, ValueMatch]]:
+        """The declared wrong values of need i that the text asserts, as (value, kind, match), in a canonical order
+        (by normalized value), never the order of declaration."""
+        seen = {}
+        for a in self._alts.get(i, []):
+            value = a["value"]
+            m = find_value(value, text)
+            if m is not None and value not in seen:
+                seen[value] = (value, a.get("kind", "outdated"), m)
+        return sorted(seen.values(), key=lambda x: (normalize_value(x[0]), x[0]))
 
     async def judge(
         self,
@@ -331,6 +358,8 @@ class TeacherCritic:
         else:
             cands = list(dict.fromkeys(sorted(contested) + ledger.actionable_indices()))
         updates: list[NeedUpdate] = []
+        notes: list[str] = []  # values kept unused (stale / unconfirmed), contested values repeated
+        read: dict[int, dict[str, ValueMatch]] = {}  # need -> value -> where the observation asserts it
         conflict = False
         for i in cands:
             if i >= len(self._chain):
@@ -339,39 +368,46 @@ class TeacherCritic:
             if nd.status == "unfillable":
                 continue
             gold = self._chain[i].gold_value
-            gold_in = gold is not None and value_in_text(gold, text)
-            alts = [a for a in self._alts.get(i, []) if value_in_text(a["value"], text)]
-            if nd.status == "filled" and i not in contested:
-                # a filled need is re-reported only when this observation contradicts it (-> reducer conflict)
-                if alts and not gold_in:
-                    updates.append(
-                        NeedUpdate(
-                            i,
-                            "filled",
-                            value=alts[0]["value"],
-                            filled_by=tool,
-                            evidence=_evidence_line(alts[0]["value"], observation),
-                        )
-                    )
-                    conflict = True
-                continue
+            gold_m = find_value(gold, text) if gold is not None else None
+            gold_in = gold_m is not None
+            seen = self._seen_alts(i, text)
+            read[i] = {v: m for v, _, m in seen} | ({gold: gold_m} if gold_m is not None else {})
+            conflicting = [v for v, k, _ in seen if k == "conflicting"]
+            outdated = [v for v, k, _ in seen if k != "conflicting"]
             anchor = nd.need_role == "anchor"
 
-            def up(v: str, i=i, anchor=anchor) -> NeedUpdate:
+            def up(v: str, status: str = "filled", note: str = "", i=i, anchor=anchor) -> NeedUpdate:
                 return NeedUpdate(
                     i,
-                    "filled",
+                    status,
                     value=v,
                     filled_by=tool,
-                    evidence=_evidence_line(v, observation),
-                    entity=v if anchor else None,
+                    evidence=note + _evidence_line(v, observation),
+                    entity=v if anchor and status == "filled" else None,
                 )
 
+            def kept(vs: list[str], kind: str, i=i) -> list[NeedUpdate]:
+                # evidence that does not fill the need: the ledger keeps it as an atom of a partial update
+                old = {(a.value, a.content) for a in ledger.atoms if a.need_index == i}
+                out = [u for v in vs if ((u := up(v, "partial", f"[{kind}, not used] ")).value, u.evidence) not in old]
+                for v in vs:
+                    notes.append(f"need {i}: {v!r} is a value the task declares {kind}; kept as evidence, not used")
+                return out
+
+            if nd.status == "filled" and i not in contested:
+                # a filled need is re-reported only when this observation contradicts it (-> reducer conflict)
+                if gold_in:
+                    continue
+                against = [v for v in conflicting if normalize_value(v) != normalize_value(nd.value or "")]
+                if against:
+                    updates.append(up(against[0]))
+                    conflict = True
+                elif outdated:
+                    updates += kept(outdated, "outdated")
+                continue
             if i in contested:
-                if gold_in and not alts:
+                if gold_in and not seen:
                     updates.append(up(gold))
-                elif alts and not gold_in:
-                    updates.append(up(alts[0]["value"]))
                 elif gold_in:
                     # both values appear (e.g. a search returns the contested pages again): a result that asserts
                     # the gold value alone and is not already evidence of this need is the third source
@@ -387,23 +423,54 @@ class TeacherCritic:
                                 entity=gold if anchor else None,
                             )
                         )
+                elif seen:  # a declared wrong value never settles a conflict
+                    notes.append(f"need {i}: the observation repeats a contested value; it settles nothing")
                 continue
-            conflicting = [a for a in alts if a.get("kind") == "conflicting"]
-            if gold_in and conflicting:
-                updates += [up(conflicting[0]["value"]), up(gold)]
+            # open need: the conflicting values kept from earlier observations count with the ones seen now
+            declared = {a["value"] for a in self._alts.get(i, []) if a.get("kind") == "conflicting"}
+            earlier = {a.value: a for a in ledger.atoms if a.need_index == i and a.value in declared}
+            sides = sorted({*conflicting, *earlier}, key=lambda v: (normalize_value(v), v))
+            # a side seen now is reported from this observation, a kept one again from the atom that kept it
+            reported = [
+                up(v)
+                if v in conflicting
+                else NeedUpdate(i, "filled", value=v, filled_by=earlier[v].source, evidence=earlier[v].content)
+                for v in sides
+            ]
+            if gold_in and sides:
+                updates += reported + [up(gold)]
                 conflict = True
             elif gold_in:
                 updates.append(up(gold))
-            elif alts:
-                updates.append(up(alts[0]["value"]))
-                conflict = nd.value is not None
+            elif len(sides) >= 2:
+                updates += reported
+                conflict = True
+            else:
+                updates += kept(conflicting, "conflicting") + kept(outdated, "outdated")
+        for u in updates:  # how each value used was read, when it is not written as the task declares it
+            m = read.get(u.need_index, {}).get(u.value or "")
+            if m is not None and not m.exact and u.status == "filled":
+                notes.insert(0, f"need {u.need_index}: {m.describe()}")
+        filled = any(u.status == "filled" for u in updates)
         if conflict:
             return Verdict(
-                "CONFLICTING", "conflicting", "sources disagree on a need's value", tuple(updates)
+                "CONFLICTING", "conflicting", _with_notes("sources disagree on a need's value", notes), tuple(updates)
             ), _usage()
-        if updates:
-            return Verdict("SUFFICIENT", "sufficient", "observation supports a need's value", tuple(updates)), _usage()
-        return Verdict("INSUFFICIENT", "insufficient", f"{tool} did not contain the needed evidence"), _usage()
+        if filled:
+            return Verdict(
+                "SUFFICIENT", "sufficient", _with_notes("observation supports a need's value", notes), tuple(updates)
+            ), _usage()
+        return Verdict(
+            "INSUFFICIENT",
+            "insufficient",
+            _with_notes(f"{tool} did not contain the needed evidence", notes),
+            tuple(updates),
+        ), _usage()
+
+
+def _with_notes(description: str, notes: list[str]) -> str:
+    """The verdict's description with how values were read and what was kept unused (bounded)."""
+    return description if not notes else f"{description} ({'; '.join(dict.fromkeys(notes))})"[:1200]
 
 
 # --------------------------------------------------------------------------------------------------------------------
