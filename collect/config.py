@@ -227,6 +227,7 @@ class ToolsConfig:
         default=DEFAULT_BLOCKED_DOMAINS, metadata={"help": "hosts or host/path prefixes dropped from web results"}
     )
     top_k: int = field(default=5, metadata={"help": "web results per search"})
+    web_stemmer: str = field(default="english", metadata={"help": "bm25: PyStemmer algorithm, '' for no stemming"})
     code_timeout_s: float = field(default=10.0, metadata={"help": "code_executor wall-clock limit"})
     code_memory_mb: int = field(default=512, metadata={"help": "code_executor memory limit"})
     max_observation_chars: int = field(default=2 * MAX_OBSERVATION_CHARS, metadata={"help": "cap on raw tool output"})
@@ -238,6 +239,11 @@ class ToolsConfig:
             raise ValueError(f"ToolsConfig.web_backend: {self.web_backend!r} is not bm25|http")
         if self.perception_backend == "media" and not (self.media_base_url and self.media_model):
             raise ValueError("ToolsConfig.media_base_url and media_model are required for perception_backend=media")
+        if self.web_stemmer:
+            import Stemmer  # PyStemmer: the stemmers the bm25 search can use
+
+            if self.web_stemmer not in Stemmer.algorithms():
+                raise ValueError(f"ToolsConfig.web_stemmer: {self.web_stemmer!r} is not one of {Stemmer.algorithms()}")
         if self.web_backend == "http" and not self.web_provider_url:
             raise ValueError("ToolsConfig.web_provider_url is required for web_backend=http")
         if self.frames_per_range < 1 or self.top_k < 1 or self.max_observation_chars < 100:
