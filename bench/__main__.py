@@ -32,7 +32,7 @@ def machine() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
     ap.add_argument("--out", default="bench/results.json")
-    ap.add_argument("--only", default=None, help="comma list: overhead,context,concurrency,throughput,training")
+    ap.add_argument("--only", default=None, help="comma list: overhead,values,context,concurrency,throughput,training")
     ap.add_argument("--tasks", type=int, default=None, help="tasks the concurrency benchmark cycles (default: all)")
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
@@ -46,6 +46,10 @@ def main(argv=None) -> int:
 
         results.append(overhead.run())
         results.append(overhead.reducer_scaling())
+    if want("values"):
+        from bench import values
+
+        results.append(values.run())
     if want("context") or want("training"):
         from sft.tiny import build_tiny_model
 
