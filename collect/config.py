@@ -355,6 +355,8 @@ class CollectConfig:
         for key in OFF_BY_DEFAULT_RUNTIME_KEYS:  # likewise runtime options at their off default
             if not d["runtime"].get(key):
                 d["runtime"].pop(key, None)
+        if d["tools"].get("web_backend", "bm25") == "bm25":  # the search the trajectories were made with: an OUT of
+            d["tools"].setdefault("web_stemmer", ToolsConfig.web_stemmer)  # words as written does not resume stemmed
         for ep in (d.get("endpoints") or {}).values():
             # a checkpoint served for this run only (serve.eval, collect.relabel) listens on a fresh port each run:
             # what the trajectories mean is the checkpoint, so its fingerprint stands in for the URL

@@ -603,6 +603,23 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
     extra_ids: dict[int, list[str]] = {}  # conflict position -> atom ids appended by this verdict
     progressed: set[int] = set()
     obs = ev.observation
+
+    def keep(up: NeedUpdate, k: int, need: int) -> Atom:
+        """E gains the update's value with its provenance."""
+        atom = Atom(
+            id=f"a{seq}.{k}",
+            need_index=need,
+            value=str(up.value),
+            content=(up.evidence or obs.summary)[:500],
+            source=up.filled_by or ev.tool,
+            asset_id=obs.asset_id,
+            span=obs.span,
+            step=state.steps + 1,
+        )
+        atoms.append(atom)
+        atom_by_id[atom.id] = atom
+        return atom
+
     for k, up in enumerate(ev.verdict.updates):
         if not (0 <= up.need_index < len(needs)):
             continue  # critic referenced a need that does not exist: ignored (recorded in the event itself)
@@ -618,18 +635,7 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
             extra = {d for d in up.add_depends_on if 0 <= d < nd.index}
             nd = replace(nd, depends_on=tuple(sorted(set(nd.depends_on) | extra)))
         if up.status == "filled" and up.value is not None and str(up.value).strip():
-            atom = Atom(
-                id=f"a{seq}.{k}",
-                need_index=nd.index,
-                value=str(up.value),
-                content=(up.evidence or obs.summary)[:500],
-                source=up.filled_by or ev.tool,
-                asset_id=obs.asset_id,
-                span=obs.span,
-                step=state.steps + 1,
-            )
-            atoms.append(atom)
-            atom_by_id[atom.id] = atom
+            atom = keep(up, k, nd.index)
             prior_id = last_valued.get((nd.index, normalize_value(nd.value))) if nd.value is not None else None
             last_valued[(nd.index, normalize_value(atom.value))] = atom.id
             pos = open_conflict.get(nd.index)
@@ -682,18 +688,7 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
             if up.value is not None and str(up.value).strip():
                 # Evidence that does not fill the need (a stale or unconfirmed value): kept in E, the need's value and
                 # status stay as they are (an unfilled need becomes partial). It is never a conflict side by itself.
-                atom = Atom(
-                    id=f"a{seq}.{k}",
-                    need_index=nd.index,
-                    value=str(up.value),
-                    content=(up.evidence or obs.summary)[:500],
-                    source=up.filled_by or ev.tool,
-                    asset_id=obs.asset_id,
-                    span=obs.span,
-                    step=state.steps + 1,
-                )
-                atoms.append(atom)
-                atom_by_id[atom.id] = atom
+                keep(up, k, nd.index)
             if nd.status == "unfilled":
                 nd = replace(nd, status="partial")
                 progressed.add(nd.index)

@@ -267,3 +267,14 @@ def test_media_perception_sends_frames_of_requested_range(loopback, tmp_path, mo
     for u in images:
         assert u.startswith("data:image/jpeg;base64,")
         assert base64.b64decode(u.split(",", 1)[1])[:2] == b"\xff\xd8"
+
+
+def test_the_stemmer_is_part_of_the_config_hash():
+    # an OUT written with the words as written must not resume under the stemmed search (or the other way round)
+    from collect.config import CollectConfig
+
+    default = CollectConfig(tools={"web_backend": "bm25"})
+    assert default.hash() == CollectConfig(tools={"web_backend": "bm25", "web_stemmer": "english"}).hash()
+    assert default.hash() != CollectConfig(tools={"web_backend": "bm25", "web_stemmer": ""}).hash()
+    http = {"web_backend": "http", "web_provider_url": "http://127.0.0.1:9/search"}
+    assert "web_stemmer" not in json.dumps(CollectConfig(tools=http).to_dict()["tools"])
