@@ -46,7 +46,7 @@ from collect.ledger import (
 )
 from collect.roles.base import PlannerReply, Roles, Usage
 from collect.tasks import Task
-from collect.values import ValueMatch, exact_in_text, find_value, value_in_text, value_matches
+from collect.values import ValueMatch, exact_in_text, find_value, same_value, value_in_text, value_matches
 from collect.world.compute import program
 
 TEACHER_MODEL = "offline-teacher"
@@ -83,16 +83,22 @@ def final_value(r0: TaskContext, ledger: Ledger) -> str:
 
 
 def option_letter(value: str, options: tuple[str, ...] | list[str]) -> str | None:
+    """The letter of the option the value is: the same text, else the same day or quantity written another way
+    (collect.values.same_value: "2016-09-17" is "B. 17 September 2016"), else the option that contains it."""
     nv = normalize_value(value)
+    parsed = []
     for i, opt in enumerate(options):
         m = re.match(r"\s*([A-Z])[.)]\s*(.*)", opt)
         letter, text = (m.group(1), m.group(2)) if m else ("ABCDEFGH"[i], opt)
-        if normalize_value(text) == nv:
+        parsed.append((letter, text, normalize_value(text)))
+    for letter, _, nt in parsed:
+        if nt == nv:
             return letter
-    for i, opt in enumerate(options):
-        m = re.match(r"\s*([A-Z])[.)]\s*(.*)", opt)
-        letter, text = (m.group(1), m.group(2)) if m else ("ABCDEFGH"[i], opt)
-        if nv and (nv in normalize_value(text) or normalize_value(text) in nv):
+    for letter, text, _ in parsed:
+        if same_value(value, text):
+            return letter
+    for letter, _, nt in parsed:
+        if nv and (nv in nt or nt in nv):
             return letter
     return None
 

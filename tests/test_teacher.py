@@ -178,3 +178,12 @@ def test_value_in_text_matches_whole_values_only():
         "Kelmora Ferries", "Kelmorra Ferries"
     )
     assert value_in_text("1250", "a total of 1,250 units")
+
+
+def test_option_letter_maps_a_value_written_another_way_to_its_option():
+    from collect.teacher import option_letter
+
+    opts = ["A. 4 October 2015", "B. 17 September 2016", "C. 17 September 2017", "D. 7 September 2016"]
+    assert option_letter("2016-09-17", opts) == "B" and option_letter("the 17th of September 2016", opts) == "B"
+    assert option_letter("7 September 2016", opts) == "D" and option_letter("17 September 2018", opts) is None
+    assert option_letter("twelve kilometres", ["A. 10 km", "B. 12 km"]) == "B"
