@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from bench import concurrency, context, overhead, throughput, training
+from bench import concurrency, context, overhead, throughput, training, values
 from collect import jsonio
 from collect.cli import run_cli
 from collect.harvest import harvest
@@ -37,7 +37,7 @@ def machine() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench")
     ap.add_argument("--out", default="bench/results.json")
-    ap.add_argument("--only", default=None, help="comma list: overhead,context,concurrency,throughput,training")
+    ap.add_argument("--only", default=None, help="comma list: overhead,values,context,concurrency,throughput,training")
     ap.add_argument("--tasks", type=int, default=None, help="tasks the concurrency benchmark cycles (default: all)")
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     if want("overhead"):
         results.append(overhead.run())
         results.append(overhead.reducer_scaling())
+    if want("values"):
+        results.append(values.run())
     if want("context") or want("training"):
         tiny = build_tiny_model(work / "tiny", seed=0)
     if want("context"):

@@ -179,6 +179,7 @@ class ToolsConfig:
         default=DEFAULT_BLOCKED_DOMAINS, metadata={"help": "hosts or host/path prefixes dropped from web results"}
     )
     top_k: int = field(default=5, metadata={"help": "web results per search"})
+    web_stemmer: str = field(default="english", metadata={"help": "bm25: PyStemmer algorithm, '' for no stemming"})
     code_timeout_s: float = field(default=10.0, metadata={"help": "code_executor wall-clock limit"})
     code_memory_mb: int = field(default=512, metadata={"help": "code_executor memory limit"})
     max_observation_chars: int = field(default=2 * MAX_OBSERVATION_CHARS, metadata={"help": "cap on raw tool output"})
@@ -190,6 +191,11 @@ class ToolsConfig:
             raise ValueError(f"ToolsConfig.web_backend: {self.web_backend!r} is not bm25|http")
         if self.perception_backend == "media" and not (self.media_base_url and self.media_model):
             raise ValueError("ToolsConfig.media_base_url and media_model are required for perception_backend=media")
+        if self.web_stemmer:
+            import Stemmer  # PyStemmer: the stemmers the bm25 search can use
+
+            if self.web_stemmer not in Stemmer.algorithms():
+                raise ValueError(f"ToolsConfig.web_stemmer: {self.web_stemmer!r} is not one of {Stemmer.algorithms()}")
         if self.web_backend == "http" and not self.web_provider_url:
             raise ValueError("ToolsConfig.web_provider_url is required for web_backend=http")
         if self.frames_per_range < 1 or self.top_k < 1 or self.max_observation_chars < 100:
@@ -311,6 +317,8 @@ class CollectConfig:
             d["tasks"].pop("n_tasks")
         for k in TASK_LIMIT_KEYS:  # whether a task loads, not what its trajectory means
             d["tasks"].pop(k, None)
+        if d["tools"].get("web_backend", "bm25") == "bm25":  # the search the trajectories were made with: an OUT of
+            d["tools"].setdefault("web_stemmer", ToolsConfig.web_stemmer)  # words as written does not resume stemmed
         for ep in (d.get("endpoints") or {}).values():
             # a checkpoint served for this run only (pipeline.eval, pipeline.relabel) listens on a fresh port each run:
             # what the trajectories mean is the checkpoint, so its fingerprint stands in for the URL

@@ -22,12 +22,15 @@ Every scorer has two modes (`MODES`):
       whitespace-separated words of the output;
     - EM: lowercase, whitespace collapsed; an empty extracted answer scores 0 (even against an empty gold);
     - the LLM judge (official prompt, ``max_tokens=40960``, thinking disabled through ``chat_template_kwargs``) is
-      asked only when EM fails; its reply after the last ``</think>`` is a pass unless it contains ``Incorrect``
-      (case-sensitive: ``"incorrect"`` passes, ``"Correct, not Incorrect"`` fails).
+      asked only when EM fails; its reply after the last ``</think>`` (lower case, as the reference splits) is a pass
+      unless it contains ``Incorrect`` (case-sensitive: ``"incorrect"`` passes, ``"Correct, not Incorrect"`` fails);
+      a closed block in another case (``<THINK>...</THINK>``) is not split off, so the whole reply is read.
     Deliberate exception, in both modes: an empty reply, a truncated one (``finish_reason == "length"``), an unclosed
-    ``<think>``, or one with no ``correct``/``incorrect`` word (official: and no ``Incorrect``, which still fails)
-    is a judge failure, retried ``JUDGE_ATTEMPTS`` times in all, then *unjudged* (``correct=None``, counted and
-    reported by the summary, left out of the accuracy); the reference code scores such a reply correct (and a request
+    ``<think>`` (in any case; ``<THINK>...</THINK>`` is closed), or one with no ``correct``/``incorrect`` word
+    (official: and no ``Incorrect``, which still fails) is a judge failure, and so is a request that raises (the
+    project's ``ChatError`` or any exception of another client, e.g. a connection error of a plain OpenAI client):
+    retried ``JUDGE_ATTEMPTS`` times in all, then *unjudged* (``correct=None``, counted and reported by the summary,
+    left out of the accuracy); the judge never raises. The reference code scores such a reply correct (and a request
     that fails three times incorrect). We also send ``temperature=0``.
   * WorldSense = VLMEvalKit ``extract_characters_regex`` then ``score = (extracted == answer)``:
     - the prefixes are deleted everywhere in the reply, case-sensitive, in the reference's order; two of its entries
@@ -65,6 +68,7 @@ from dataclasses import dataclass
 
 from collect.ledger import INSUFFICIENT
 from collect.llm import ChatError
+from collect.values import same_value
 
 MODES = ("official", "robust")
 OMNIGAIA_JUDGE_PROMPT = (
@@ -186,6 +190,8 @@ def _gaia_robust(pred: str | None, gold: str) -> bool:
     if g_num is not None:
         p_num = _robust_answer_number(pred)
         return p_num is not None and abs(p_num - g_num) <= 1e-9 * max(1.0, abs(g_num))
+    if same_value(pred, gold):  # the same day or quantity written another way ("the 3rd of May, 1921" = "3 May 1921")
+        return True
     if "," in gold or ";" in gold:
         g_items, p_items = re.split(r"[,;]", gold), re.split(r"[,;]", pred)
         if len(g_items) != len(p_items):
@@ -232,12 +238,15 @@ def parse_judge_reply(content: str | None, finish_reason: str | None, mode: str 
     correct/incorrect word): a judge failure, never a pass."""
     if finish_reason == "length" or not content:
         return None
-    if "</think>" in content:
-        content = content.split("</think>")[-1]
-    elif re.search(r"<think>", content, re.IGNORECASE):
-        return None
-    content = content.strip()
     official = resolve_mode(mode) == "official"
+    closings = list(re.finditer(r"</think>", content, re.IGNORECASE))
+    if not closings and re.search(r"<think>", content, re.IGNORECASE):
+        return None  # an unclosed think block (in any case): the reply ended inside the reasoning
+    if official and "</think>" in content:
+        content = content.split("</think>")[-1]  # the reference splits on the lower-case tag only
+    elif not official and closings:
+        content = content[closings[-1].end() :]
+    content = content.strip()
     if official and "Incorrect" in content:  # the reference's only failing rule (never a pass, so kept as is)
         return False
     if not content or not re.search(r"\b(in)?correct\b", content, re.IGNORECASE):
@@ -291,6 +300,10 @@ async def omnigaia_judge(
         except ChatError as e:
             failures.append(f"error {e.kind}")
             continue
+        except Exception as e:  # noqa: BLE001 - any client (a plain OpenAI client raises its own errors): unjudged
+            failures.append(f"error {type(e).__name__}: {str(e)[:80]}")
+            continue
+        content = content if isinstance(content, str) else ""  # a reply whose content is not text: no verdict
         verdict = parse_judge_reply(content, finish, mode)
         if verdict is not None:
             return JudgeResult(verdict, "llm", extracted, content.strip()[-200:], mode)

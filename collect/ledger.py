@@ -594,10 +594,12 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
     cards = {c.name: c for c in state.entity_cards}  # insertion order = card order; a replaced card moves to the end
     bridges = {b.need_index: b for b in state.fact_bridges}
     atom_by_id = {a.id: a for a in atoms}
-    last_valued: dict[int | None, str] = {}  # need index -> id of its latest atom with a value
+    # (need index, normalized value) -> id of the need's latest atom with that value: a conflict's first side is the
+    # atom of the need's current value (not a later atom that kept a stale value without filling the need)
+    last_valued: dict[tuple[int | None, str], str] = {}
     for a in atoms:
         if a.value is not None:
-            last_valued[a.need_index] = a.id
+            last_valued[(a.need_index, normalize_value(a.value))] = a.id
     open_conflict: dict[int, int] = {}  # need index -> position in `conflicts` of its first unresolved conflict
     for pos, c in enumerate(conflicts):
         if not c.resolved:
@@ -606,6 +608,23 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
     extra_ids: dict[int, list[str]] = {}  # conflict position -> atom ids appended by this verdict
     progressed: set[int] = set()
     obs = ev.observation
+
+    def keep(up: NeedUpdate, k: int, need: int) -> Atom:
+        """E gains the update's value with its provenance."""
+        atom = Atom(
+            id=f"a{seq}.{k}",
+            need_index=need,
+            value=str(up.value),
+            content=(up.evidence or obs.summary)[:500],
+            source=up.filled_by or ev.tool,
+            asset_id=obs.asset_id,
+            span=obs.span,
+            step=state.steps + 1,
+        )
+        atoms.append(atom)
+        atom_by_id[atom.id] = atom
+        return atom
+
     for k, up in enumerate(ev.verdict.updates):
         if not (0 <= up.need_index < len(needs)):
             continue  # critic referenced a need that does not exist: ignored (recorded in the event itself)
@@ -621,20 +640,9 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
             extra = {d for d in up.add_depends_on if 0 <= d < nd.index}
             nd = replace(nd, depends_on=tuple(sorted(set(nd.depends_on) | extra)))
         if up.status == "filled" and up.value is not None and str(up.value).strip():
-            atom = Atom(
-                id=f"a{seq}.{k}",
-                need_index=nd.index,
-                value=str(up.value),
-                content=(up.evidence or obs.summary)[:500],
-                source=up.filled_by or ev.tool,
-                asset_id=obs.asset_id,
-                span=obs.span,
-                step=state.steps + 1,
-            )
-            atoms.append(atom)
-            atom_by_id[atom.id] = atom
-            prior_id = last_valued.get(nd.index)
-            last_valued[nd.index] = atom.id
+            atom = keep(up, k, nd.index)
+            prior_id = last_valued.get((nd.index, normalize_value(nd.value))) if nd.value is not None else None
+            last_valued[(nd.index, normalize_value(atom.value))] = atom.id
             pos = open_conflict.get(nd.index)
             if pos is not None:
                 # A new source on a contested need: it resolves the conflict when it agrees with exactly one side.
@@ -681,9 +689,14 @@ def _commit(state: Ledger, ev: ObservationCommitted, seq: int) -> Ledger:
                 if atom.source == "web_search":
                     bridges.pop(nd.index, None)
                     bridges[nd.index] = FactBridge(nd.index, ev.arguments[:200], nd.value, atom.source, atom.id)
-        elif up.status == "partial" and nd.status == "unfilled":
-            nd = replace(nd, status="partial")
-            progressed.add(nd.index)
+        elif up.status == "partial":
+            if up.value is not None and str(up.value).strip():
+                # Evidence that does not fill the need (a stale or unconfirmed value): kept in E, the need's value and
+                # status stay as they are (an unfilled need becomes partial). It is never a conflict side by itself.
+                keep(up, k, nd.index)
+            if nd.status == "unfilled":
+                nd = replace(nd, status="partial")
+                progressed.add(nd.index)
         elif up.status == "unfillable" and nd.status != "filled":
             nd = replace(nd, status="unfillable", note="critic: unfillable")
         needs[nd.index] = nd

@@ -41,7 +41,7 @@ from collect import jsonio
 from collect.actions import focus_formula
 from collect.bounds import json_depth
 from collect.compute import helper_names
-from collect.ledger import ALL_TOOLS, Asset, Budget, TaskContext
+from collect.ledger import ALL_TOOLS, INSUFFICIENT, Asset, Budget, TaskContext, normalize_value
 
 ANSWER_FORMATS = {
     "open": "short answer (a name, phrase or value)",
@@ -115,6 +115,31 @@ class GoldNeed(_Strict):
     depends_on: list[int] = Field(default_factory=list)
     query_focus: str = ""
     gold_value: str | None = None  # None: the chain cannot close here (unanswerable tasks)
+    # The sources conflict and nothing settles it: gold_value is null and meta.alt_values declares the need's
+    # conflicting values (at least two); the runtime ends "insufficient" because of the recorded conflict.
+    unresolved_conflict: bool = False
+
+    @field_validator("gold_value")
+    @classmethod
+    def _not_blank(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("gold_value is blank; write the value, or null where the chain cannot close")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        d = handler(self)  # the marking is left out when unset: the world's JSON (pinned) is unchanged
+        if isinstance(d, dict) and not d.get("unresolved_conflict"):
+            d.pop("unresolved_conflict", None)
+        return d
+
+
+class AltValue(_Strict):
+    """One known wrong value of a need (`meta.alt_values`): `outdated` (true once, superseded: stale evidence) or
+    `conflicting` (a source that contradicts the gold: a conflict a third source must settle)."""
+
+    value: str = Field(min_length=1)
+    kind: Literal["outdated", "conflicting"]
 
 
 class Document(_Strict):
@@ -160,6 +185,13 @@ class Task(_Strict):
             if name not in ALL_TOOLS:
                 raise ValueError(f"allowed_tools.{i}: unknown tool {name!r}; known tools: {', '.join(ALL_TOOLS)}")
         return tools
+
+    @field_validator("answer")
+    @classmethod
+    def _answer_given(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError('answer: the gold answer is empty; write it ("insufficient" for a task without one)')
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> Task:
@@ -216,7 +248,60 @@ class Task(_Strict):
         for i, need in enumerate(self.gold_chain):
             if (formula := focus_formula(need.query_focus)) is not None:
                 _check_formula(f"gold_chain.{i}.query_focus", formula, need.depends_on)
+        self._check_alt_values()
         return self
+
+    def _check_alt_values(self) -> None:
+        """`meta.alt_values` ({"<need index>": [{"value", "kind"}]}) and the `unresolved_conflict` marking."""
+        raw = self.meta.get("alt_values")
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            got = type(raw).__name__
+            raise ValueError(f'meta.alt_values: expected an object {{"<need index>": [...]}}, got {got}')
+        n = len(self.gold_chain)
+        alts: dict[int, list[AltValue]] = {}
+        for key, entries in raw.items():
+            if not (isinstance(key, str) and key.isdigit() and int(key) < n):
+                raise ValueError(f"meta.alt_values.{key}: not a need index of gold_chain (0..{n - 1})")
+            if not isinstance(entries, list):
+                raise ValueError(f"meta.alt_values.{key}: expected a list of {{value, kind}}")
+            i = int(key)
+            alts[i] = []
+            for j, e in enumerate(entries):
+                try:
+                    alts[i].append(AltValue.model_validate(e))
+                except ValidationError as err:
+                    first = err.errors()[0]
+                    where = ".".join(str(p) for p in first["loc"])
+                    what = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+                    where = f".{where}" if where else ""
+                    raise ValueError(
+                        f"meta.alt_values.{key}.{j}{where}: {what} (an alt value is {{value, kind: outdated|"
+                        "conflicting})"
+                    ) from None
+                gold = self.gold_chain[i].gold_value
+                if gold is not None and normalize_value(gold) == normalize_value(alts[i][-1].value):
+                    raise ValueError(f"meta.alt_values.{key}.{j}.value: {gold!r} is the need's gold_value")
+        for i, need in enumerate(self.gold_chain):
+            if not need.unresolved_conflict:
+                continue
+            sides = {normalize_value(a.value) for a in alts.get(i, []) if a.kind == "conflicting"}
+            if need.gold_value is not None:
+                raise ValueError(
+                    f"gold_chain.{i}.unresolved_conflict: the need has gold_value {need.gold_value!r}; an unresolved "
+                    "conflict has none (null), or drop the marking and declare the settling source"
+                )
+            if len(sides) < 2:
+                raise ValueError(
+                    f"gold_chain.{i}.unresolved_conflict: declare the conflicting values in meta.alt_values.{i} "
+                    f"(at least two of kind conflicting; found {len(sides)})"
+                )
+            if need.closure_level == "blocking" and normalize_value(self.answer) != INSUFFICIENT:
+                raise ValueError(
+                    f"gold_chain.{i}.unresolved_conflict: a blocking need nothing settles leaves the task without an "
+                    f"answer; its answer must be {INSUFFICIENT!r}, got {self.answer!r}"
+                )
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
-from datetime import datetime
 
 from collect.actions import (
     Action,
@@ -47,240 +45,21 @@ from collect.ledger import (
 )
 from collect.roles.base import PlannerReply, Roles, Usage
 from collect.tasks import Task
+from collect.values import ValueMatch, exact_in_text, find_value, same_value, value_in_text, value_matches
 
 TEACHER_MODEL = "offline-teacher"
 PERCEPTION_ORDER = ("subtitle_grounding", "frame_confirm", "audio_scout", "clip_grounding")
-_NUM_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def _usage() -> Usage:
     return Usage(model=TEACHER_MODEL, calls=1)
 
 
-def _as_number(s: str) -> float | None:
-    t = s.strip().replace(",", "")
-    if re.fullmatch(r"-?\d+(?:\.\d+)?", t):
-        return float(t)
-    return None
-
-
-def value_in_text(value: str, text: str) -> bool:
-    """Does the text assert this value? Numbers compare numerically against every number in the text; other values
-    match case-insensitively as whole words (so a similar name or a longer number does not count). When that exact
-    reading finds nothing, the normalized reading of `value_matches` decides (number words, units, accents...)."""
-    return _exact_in_text(value, text) or value_matches(value, text)
-
-
-def _exact_in_text(value: str, text: str) -> bool:
-    num = _as_number(value)
-    if num is not None:
-        return any(_same_number(x, num) for x in _numbers(text))
-    v = re.sub(r"\s+", " ", value.strip())
-    t = re.sub(r"\s+", " ", text)
-    return re.search(r"(?<!\w)" + re.escape(v) + r"(?!\w)", t, re.IGNORECASE) is not None
-
-
-def _numbers(text: str) -> list[float]:
-    out = []
-    for m in _NUM_RE.findall(text):
-        try:
-            out.append(float(m.replace(",", "")))
-        except ValueError:
-            continue
-    return out
-
-
-def _same_number(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(1.0, abs(b))
-
-
-# ---- normalized value matching (external task files: values written the way people write them) -------------------
-
-_SMALL = {
-    w: i
-    for i, w in enumerate(
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-        "seventeen eighteen nineteen".split()
-    )
-}
-_TENS = {w: 10 * (i + 2) for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split())}
-_SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000, "billion": 1_000_000_000}
-_ALONE = {"once": 1, "twice": 2, "thrice": 3, "dozen": 12, "half": 0.5}  # words that are a number on their own
-_NUMBER_WORD = set(_SMALL) | set(_TENS) | set(_SCALES) | set(_ALONE) | {"a", "an", "and"}
-# unit spellings -> one canonical unit (plural "s" is stripped before the lookup)
-_UNITS = {
-    "km": "km", "kilometre": "km", "kilometer": "km", "kms": "km",
-    "m": "m", "metre": "m", "meter": "m", "mi": "mi", "mile": "mi", "ft": "ft", "foot": "ft", "feet": "ft",
-    "cm": "cm", "centimetre": "cm", "centimeter": "cm", "mm": "mm", "millimetre": "mm", "millimeter": "mm",
-    "kg": "kg", "kilogram": "kg", "kilo": "kg", "g": "g", "gram": "g", "t": "t", "tonne": "t", "ton": "t",
-    "l": "l", "litre": "l", "liter": "l", "h": "h", "hr": "h", "hour": "h", "min": "min", "minute": "min",
-    "s": "s", "sec": "s", "second": "s", "day": "day", "week": "week", "month": "month", "year": "year", "yr": "year",
-    "%": "%", "percent": "%", "per cent": "%", "pct": "%",
-    "€": "eur", "eur": "eur", "euro": "eur", "$": "usd", "usd": "usd", "dollar": "usd", "£": "gbp", "gbp": "gbp",
-    "pound": "gbp", "knot": "kn", "kn": "kn", "°c": "c", "c": "c", "celsius": "c", "degree": "deg",
-}  # fmt: skip
-_DATE_FORMATS = ("%d %B %Y", "%B %d %Y", "%Y-%m-%d", "%d %b %Y", "%b %d %Y", "%d/%m/%Y")
-
-
-def _unit(word: str) -> str | None:
-    w = word.strip().lower().rstrip(".")
-    if not w:
-        return None
-    return _UNITS.get(w) or (_UNITS.get(w[:-1]) if w.endswith("s") and len(w) > 2 else None)
-
-
-def _fold(text: str) -> str:
-    """Lowercase, accents dropped, every non-alphanumeric run a single space."""
-
-    t = unicodedata.normalize("NFKD", text)
-    t = "".join(c for c in t if not unicodedata.combining(c)).lower()
-    return re.sub(r"[^a-z0-9%€$£.]+", " ", t).strip()
-
-
-def _parse_words(words: list[str]) -> float | None:
-    """A spoken number from its words ("three and a half", "twenty-five", "two thousand four hundred", "twice")."""
-    total = current = 0.0
-    seen = False
-    half = False
-    for k, w in enumerate(words):
-        if w in ("and", "a", "an"):
-            if k + 1 < len(words) and words[k + 1] in ("half",) and seen:
-                continue
-            if w in ("a", "an") and k + 1 < len(words) and words[k + 1] in (*_SCALES, "dozen"):
-                current, seen = 1.0, True
-            continue
-        if w in _SMALL:
-            current += _SMALL[w]
-        elif w in _TENS:
-            current += _TENS[w]
-        elif w == "hundred":
-            current = (current or 1) * 100
-        elif w in _SCALES:
-            total += (current or 1) * _SCALES[w]
-            current = 0.0
-        elif w == "half":
-            if seen:
-                half = True
-            else:
-                current += 0.5
-        elif w == "dozen":
-            current = (current or 1) * 12
-        elif w in _ALONE:
-            current += _ALONE[w]
-        else:
-            try:
-                current += float(w.replace(",", ""))
-            except ValueError:
-                return None
-        seen = True
-    if not seen:
-        return None
-    return total + current + (0.5 if half else 0.0)
-
-
-def _spoken_numbers(text: str) -> list[tuple[float, str]]:
-    """(number, its unit word) for every number in the text, digits or words: "three and a half hours" -> (3.5,
-    "hours"), "1.2 million" -> 1200000, "twice" -> 2, "1 250" (narrow or no-break space) -> 1250."""
-    t = re.sub(r"(?<=\d)[\u00a0\u202f\u2009](?=\d{3}\b)", "", text.lower())
-    t = re.sub(r"(?<=\d),(?=\d{3}\b)", "", t)
-    t = re.sub(r"(\d)([a-z%€$£°])", r"\1 \2", t)  # "12km" -> "12 km"
-    t = re.sub(r"([€$£])\s*(\d)", r"\1 \2", t)
-    toks = re.findall(r"-?\d+(?:\.\d+)?|[a-z]+|[%€$£]|°c", t)
-    out: list[tuple[float, str]] = []
-    k = 0
-    while k < len(toks):
-        j = k
-        run: list[str] = []
-        while j < len(toks) and (toks[j] in _NUMBER_WORD or re.fullmatch(r"-?\d+(?:\.\d+)?", toks[j])):
-            if re.fullmatch(r"-?\d+(?:\.\d+)?", toks[j]) and run and run[-1] not in ("and", "a", "an"):
-                if any(re.fullmatch(r"-?\d+(?:\.\d+)?", r) for r in run):
-                    break  # two numbers in a row are two numbers
-            run.append(toks[j])
-            j += 1
-        while run and run[-1] in ("and", "a", "an"):
-            run.pop()
-            j -= 1
-        if run:
-            n = _parse_words(run)
-            if n is not None:
-                before = toks[k - 1] if k > 0 else ""
-                after = toks[j] if j < len(toks) else ""
-                out.append((n, after if _unit(after) else before))
-            k = max(j, k + 1)
-        else:
-            k += 1
-    return out
-
-
-def _split_quantity(value: str) -> tuple[float, str | None] | None:
-    """ "12 km" -> (12, "km"), "€45" -> (45, "eur"), "3.5" -> (3.5, None), "1,250 m" -> (1250, "m"); else None."""
-    m = re.fullmatch(r"\s*([€$£]?)\s*(-?\d[\d,]*(?:\.\d+)?)\s*([^\d\s].*?)?\s*", value.strip().lower())
-    if not m:
-        return None
-    try:
-        num = float(m.group(2).replace(",", ""))
-    except ValueError:
-        return None
-    unit_text = (m.group(3) or "").strip() or m.group(1)
-    if not unit_text:
-        return num, None
-    unit = _unit(unit_text)
-    return (num, unit) if unit else None
-
-
-def _dates(text: str) -> set:
-
-    found = set()
-    t = re.sub(r"(\d)(st|nd|rd|th)\b", r"\1", text)
-    t = re.sub(r"[,]", " ", t)
-    t = re.sub(r"\s+", " ", t)
-    pats = (
-        r"\d{1,2} [A-Za-z]{3,9} \d{4}",
-        r"[A-Za-z]{3,9} \d{1,2} \d{4}",
-        r"\d{4}-\d{2}-\d{2}",
-        r"\d{1,2}/\d{1,2}/\d{4}",
-    )
-    for pat in pats:
-        for m in re.findall(pat, t):
-            for fmt in _DATE_FORMATS:
-                try:
-                    found.add(datetime.strptime(m, fmt).date())
-                    break
-                except ValueError:
-                    continue
-    return found
-
-
-def value_matches(value: str, text: str) -> bool:
-    """Normalized value matching: the same quantity written another way counts.
-
-    Numbers: number words ("three and a half" = 3.5, "twice" = 2, "a dozen" = 12, "1.2 million"), thousands
-    separators ("1,250", "1 250"); a value with a unit ("12 km", "€45", "40%") needs the same number with an
-    equivalent unit ("12 kilometres", "45 euros", "40 percent"). Dates: the same day in another format ("3 May 1998",
-    "May 3rd, 1998", "1998-05-03"). Other values: case, accents and punctuation are ignored ("Saint-Malo" =
-    "saint malo"), still as whole words."""
-    if not value.strip():
-        return False
-    q = _split_quantity(value)
-    if q is not None:
-        num, unit = q
-        for n, near in _spoken_numbers(text):
-            if _same_number(n, num) and (unit is None or _unit(near) == unit):
-                return True
-        return False
-    gold_dates = _dates(value)
-    if gold_dates and len(gold_dates) == 1:
-        return bool(gold_dates & _dates(text))
-    v, t = _fold(value), _fold(text)
-    if not v:
-        return False
-    return re.search(r"(?<![a-z0-9])" + re.escape(v) + r"(?![a-z0-9])", t) is not None
-
-
 def _evidence_line(value: str, obs: NormalizedObservation) -> str:
+    """The observation's line that asserts the value (an exact reading first, then the normalized one)."""
     lines = obs.items or obs.summary.splitlines()
     for line in lines:
-        if _exact_in_text(value, line):
+        if exact_in_text(value, line):
             return line[:400]
     for line in lines:
         if value_matches(value, line):
@@ -302,16 +81,22 @@ def final_value(r0: TaskContext, ledger: Ledger) -> str:
 
 
 def option_letter(value: str, options: tuple[str, ...] | list[str]) -> str | None:
+    """The letter of the option the value is: the same text, else the same day or quantity written another way
+    (collect.values.same_value: "2016-09-17" is "B. 17 September 2016"), else the option that contains it."""
     nv = normalize_value(value)
+    parsed = []
     for i, opt in enumerate(options):
         m = re.match(r"\s*([A-Z])[.)]\s*(.*)", opt)
         letter, text = (m.group(1), m.group(2)) if m else ("ABCDEFGH"[i], opt)
-        if normalize_value(text) == nv:
+        parsed.append((letter, text, normalize_value(text)))
+    for letter, _, nt in parsed:
+        if nt == nv:
             return letter
-    for i, opt in enumerate(options):
-        m = re.match(r"\s*([A-Z])[.)]\s*(.*)", opt)
-        letter, text = (m.group(1), m.group(2)) if m else ("ABCDEFGH"[i], opt)
-        if nv and (nv in normalize_value(text) or normalize_value(text) in nv):
+    for letter, text, _ in parsed:
+        if same_value(value, text):
+            return letter
+    for letter, _, nt in parsed:
+        if nv and (nv in nt or nt in nv):
             return letter
     return None
 
@@ -492,6 +277,22 @@ class TeacherPlanner:
 
 
 class TeacherCritic:
+    """Privileged evidence critic (module docstring). The task's declared wrong values (`meta.alt_values`) are
+    handled by kind, in an order that does not depend on how they were declared (docs/world.md, "Outdated, conflicting
+    and unresolved evidence"):
+
+    - the gold value is in the observation: it fills the need; a `conflicting` value seen with it (in this observation
+      or kept from an earlier one) is reported first, so the reducer records the conflict and a third source must
+      settle it; an `outdated` value seen with it is ignored (the current value is here);
+    - no gold value: two or more `conflicting` values (seen now or kept) are all reported (a conflict); one
+      `conflicting` or any `outdated` value is kept as evidence that does not fill the need (a `partial` update with
+      the value: the ledger keeps the atom, the need stays open, the gap diagnosis says why);
+    - a filled need: a `conflicting` value without the gold reopens it as a conflict; an `outdated` one is kept as
+      stale evidence, the need stays filled;
+    - a contested need is settled only by a source that asserts the gold value; a declared wrong value never settles
+      it, and a need marked `unresolved_conflict` (no gold) is never settled.
+    """
+
     def __init__(self, task: Task):
         self._chain = task.gold_chain
         self._alts = {int(k): v for k, v in (task.meta.get("alt_values") or {}).items()}
@@ -507,6 +308,17 @@ class TeacherCritic:
                 continue
             return line
         return None
+
+    def _seen_alts(self, i: int, text: str) -> list[tuple[str, str, ValueMatch]]:
+        """The declared wrong values of need i that the text asserts, as (value, kind, match), in a canonical order
+        (by normalized value), never the order of declaration."""
+        seen = {}
+        for a in self._alts.get(i, []):
+            value = a["value"]
+            m = find_value(value, text)
+            if m is not None and value not in seen:
+                seen[value] = (value, a.get("kind", "outdated"), m)
+        return sorted(seen.values(), key=lambda x: (normalize_value(x[0]), x[0]))
 
     async def judge(
         self,
@@ -527,6 +339,8 @@ class TeacherCritic:
         else:
             cands = list(dict.fromkeys(sorted(contested) + ledger.actionable_indices()))
         updates: list[NeedUpdate] = []
+        notes: list[str] = []  # values kept unused (stale / unconfirmed), contested values repeated
+        read: dict[int, dict[str, ValueMatch]] = {}  # need -> value -> where the observation asserts it
         conflict = False
         for i in cands:
             if i >= len(self._chain):
@@ -535,39 +349,46 @@ class TeacherCritic:
             if nd.status == "unfillable":
                 continue
             gold = self._chain[i].gold_value
-            gold_in = gold is not None and value_in_text(gold, text)
-            alts = [a for a in self._alts.get(i, []) if value_in_text(a["value"], text)]
-            if nd.status == "filled" and i not in contested:
-                # a filled need is re-reported only when this observation contradicts it (-> reducer conflict)
-                if alts and not gold_in:
-                    updates.append(
-                        NeedUpdate(
-                            i,
-                            "filled",
-                            value=alts[0]["value"],
-                            filled_by=tool,
-                            evidence=_evidence_line(alts[0]["value"], observation),
-                        )
-                    )
-                    conflict = True
-                continue
+            gold_m = find_value(gold, text) if gold is not None else None
+            gold_in = gold_m is not None
+            seen = self._seen_alts(i, text)
+            read[i] = {v: m for v, _, m in seen} | ({gold: gold_m} if gold_m is not None else {})
+            conflicting = [v for v, k, _ in seen if k == "conflicting"]
+            outdated = [v for v, k, _ in seen if k != "conflicting"]
             anchor = nd.need_role == "anchor"
 
-            def up(v: str, i=i, anchor=anchor) -> NeedUpdate:
+            def up(v: str, status: str = "filled", note: str = "", i=i, anchor=anchor) -> NeedUpdate:
                 return NeedUpdate(
                     i,
-                    "filled",
+                    status,
                     value=v,
                     filled_by=tool,
-                    evidence=_evidence_line(v, observation),
-                    entity=v if anchor else None,
+                    evidence=note + _evidence_line(v, observation),
+                    entity=v if anchor and status == "filled" else None,
                 )
 
+            def kept(vs: list[str], kind: str, i=i) -> list[NeedUpdate]:
+                # evidence that does not fill the need: the ledger keeps it as an atom of a partial update
+                old = {(a.value, a.content) for a in ledger.atoms if a.need_index == i}
+                out = [u for v in vs if ((u := up(v, "partial", f"[{kind}, not used] ")).value, u.evidence) not in old]
+                for v in vs:
+                    notes.append(f"need {i}: {v!r} is a value the task declares {kind}; kept as evidence, not used")
+                return out
+
+            if nd.status == "filled" and i not in contested:
+                # a filled need is re-reported only when this observation contradicts it (-> reducer conflict)
+                if gold_in:
+                    continue
+                against = [v for v in conflicting if normalize_value(v) != normalize_value(nd.value or "")]
+                if against:
+                    updates.append(up(against[0]))
+                    conflict = True
+                elif outdated:
+                    updates += kept(outdated, "outdated")
+                continue
             if i in contested:
-                if gold_in and not alts:
+                if gold_in and not seen:
                     updates.append(up(gold))
-                elif alts and not gold_in:
-                    updates.append(up(alts[0]["value"]))
                 elif gold_in:
                     # both values appear (e.g. a search returns the contested pages again): a result that asserts
                     # the gold value alone and is not already evidence of this need is the third source
@@ -583,23 +404,54 @@ class TeacherCritic:
                                 entity=gold if anchor else None,
                             )
                         )
+                elif seen:  # a declared wrong value never settles a conflict
+                    notes.append(f"need {i}: the observation repeats a contested value; it settles nothing")
                 continue
-            conflicting = [a for a in alts if a.get("kind") == "conflicting"]
-            if gold_in and conflicting:
-                updates += [up(conflicting[0]["value"]), up(gold)]
+            # open need: the conflicting values kept from earlier observations count with the ones seen now
+            declared = {a["value"] for a in self._alts.get(i, []) if a.get("kind") == "conflicting"}
+            earlier = {a.value: a for a in ledger.atoms if a.need_index == i and a.value in declared}
+            sides = sorted({*conflicting, *earlier}, key=lambda v: (normalize_value(v), v))
+            # a side seen now is reported from this observation, a kept one again from the atom that kept it
+            reported = [
+                up(v)
+                if v in conflicting
+                else NeedUpdate(i, "filled", value=v, filled_by=earlier[v].source, evidence=earlier[v].content)
+                for v in sides
+            ]
+            if gold_in and sides:
+                updates += reported + [up(gold)]
                 conflict = True
             elif gold_in:
                 updates.append(up(gold))
-            elif alts:
-                updates.append(up(alts[0]["value"]))
-                conflict = nd.value is not None
+            elif len(sides) >= 2:
+                updates += reported
+                conflict = True
+            else:
+                updates += kept(conflicting, "conflicting") + kept(outdated, "outdated")
+        for u in updates:  # how each value used was read, when it is not written as the task declares it
+            m = read.get(u.need_index, {}).get(u.value or "")
+            if m is not None and not m.exact and u.status == "filled":
+                notes.insert(0, f"need {u.need_index}: {m.describe()}")
+        filled = any(u.status == "filled" for u in updates)
         if conflict:
             return Verdict(
-                "CONFLICTING", "conflicting", "sources disagree on a need's value", tuple(updates)
+                "CONFLICTING", "conflicting", _with_notes("sources disagree on a need's value", notes), tuple(updates)
             ), _usage()
-        if updates:
-            return Verdict("SUFFICIENT", "sufficient", "observation supports a need's value", tuple(updates)), _usage()
-        return Verdict("INSUFFICIENT", "insufficient", f"{tool} did not contain the needed evidence"), _usage()
+        if filled:
+            return Verdict(
+                "SUFFICIENT", "sufficient", _with_notes("observation supports a need's value", notes), tuple(updates)
+            ), _usage()
+        return Verdict(
+            "INSUFFICIENT",
+            "insufficient",
+            _with_notes(f"{tool} did not contain the needed evidence", notes),
+            tuple(updates),
+        ), _usage()
+
+
+def _with_notes(description: str, notes: list[str]) -> str:
+    """The verdict's description with how values were read and what was kept unused (bounded)."""
+    return description if not notes else f"{description} ({'; '.join(dict.fromkeys(notes))})"[:1200]
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -77,9 +77,9 @@ def _plain(value: str, text: str) -> bool:
     """The exact reading alone (what the teacher did before normalized matching)."""
     import re
 
-    from collect.teacher import _exact_in_text
+    from collect.values import exact_in_text
 
-    return _exact_in_text(value, text) and re.search(re.escape(value), text) is not None
+    return exact_in_text(value, text) and re.search(re.escape(value), text) is not None
 
 
 def test_without_its_corpus_the_web_tasks_fail(tmp_path):

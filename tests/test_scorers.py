@@ -83,6 +83,13 @@ GAIA = [
     ("Mr. O'Neil", "Mr ONeil", True, True, "string: the ASCII apostrophe is"),
     ("tab\tsep", "tabsep", True, True, "string: tabs are whitespace"),
     ("Seven", "7 ", False, False, "number gold with trailing space (float() strips): 'Seven' -> inf"),
+    # robust: the gold's day or quantity written another way (collect.values.same_value); officially strings differ
+    ("the 3rd of May, 1921", "3 May 1921", False, True, "robust: the same day written another way"),
+    ("May 3rd, 1921", "1921-05-03", False, True, "robust: a written date against an ISO gold"),
+    ("4 May 1921", "3 May 1921", False, False, "another day"),
+    ("1920 or 1921", "1921", False, False, "two years are not one"),
+    ("twelve kilometres", "12 km", False, True, "robust: the same quantity in words"),
+    ("12 miles", "12 km", False, False, "another unit"),
 ]
 
 
@@ -172,6 +179,12 @@ JUDGE_REPLIES = [
     ("Yes", "stop", None, None, "no verdict word: failure (officially a pass)"),
     ("The prediction matches.", "stop", None, None, "no verdict word: failure"),
     ("Incorrectly formatted", "stop", False, None, "official: holds 'Incorrect'; robust: not a verdict word"),
+    # an upper-case think block is closed, not unclosed; the reference splits on the lower-case "</think>" only, so
+    # officially the whole reply (block included) is read
+    ("<THINK>looks right</THINK> Correct", "stop", True, True, "upper-case THINK block: closed"),
+    ("<THINK>Incorrect? no.</THINK>Correct", "stop", False, True, "THINK: officially the block is read too"),
+    ("<Think>same year</Think>\nIncorrect", "stop", False, False, "mixed-case Think block: verdict after it"),
+    ("<THINK>The labeled answer is 1962 but", "stop", None, None, "unclosed upper-case THINK: failure"),
 ]
 
 

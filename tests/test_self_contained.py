@@ -120,7 +120,7 @@ def cited_but_missing(root: Path, paths: list[str]) -> list[str]:
             continue
         for m in CITED.finditer(text):
             p = m.group(1)
-            if (root / p).exists():
+            if (root / p).exists() or (root / rel).parent.joinpath(p).exists():  # from the root or the citing file
                 continue
             ignored = subprocess.run(["git", "check-ignore", "-q", p], cwd=root, timeout=60).returncode == 0
             if not ignored:

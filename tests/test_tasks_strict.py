@@ -386,3 +386,28 @@ def test_the_limits_are_task_source_settings_and_stay_out_of_the_config_hash(tmp
     assert len(load_task_list(dataclasses.replace(base, split="all"))) == 4  # the same file, default limits: loads
     with pytest.raises(TaskFileError, match="tasks.max_question_chars=50"):
         load_task_list(dataclasses.replace(tight, split="all"))
+
+
+@pytest.mark.parametrize(
+    "name,task_id,field,needle",
+    [
+        ("empty_gold.json", "fx-gold-1", "answer", "the gold answer is empty"),
+        ("blank_gold_value.jsonl", "fx-gold-2", "gold_chain.0.gold_value", "blank"),
+        ("alt_bad_kind.json", "fx-alt-1", "meta.alt_values.1.0.kind", "'outdated' or 'conflicting'"),
+        ("alt_bad_index.json", "fx-alt-2", "meta.alt_values.2", "not a need index of gold_chain (0..1)"),
+        ("alt_is_gold.json", "fx-alt-3", "meta.alt_values.1.0.value", "is the need's gold_value"),
+        ("unresolved_with_gold.json", "fx-unres-1", "gold_chain.1.unresolved_conflict", "has none (null)"),
+        ("unresolved_one_side.json", "fx-unres-2", "gold_chain.1.unresolved_conflict", "at least two"),
+        ("unresolved_with_answer.json", "fx-unres-3", "gold_chain.1.unresolved_conflict", "must be 'insufficient'"),
+    ],
+)
+def test_gold_values_alt_values_and_the_unresolved_marking_are_checked(name, task_id, field, needle):
+    msg = _error(name)
+    assert f"'{task_id}'" in msg and f"field {field}:" in msg and needle in msg, msg
+
+
+def test_the_unresolved_marking_loads_and_stays_out_of_dumps_when_unset():
+    (t,) = [t for t in load_tasks(Path(__file__).parent / "data/spoken/tasks.jsonl") if t.id == "sp-10-tower-height"]
+    assert t.gold_chain[1].unresolved_conflict and t.gold_chain[1].gold_value is None
+    assert t.model_dump()["gold_chain"][1]["unresolved_conflict"] is True
+    assert "unresolved_conflict" not in t.model_dump()["gold_chain"][0]  # unset: the key is not written

@@ -109,12 +109,9 @@ def test_planner_decisions_do_not_depend_on_gold_values(world):
     assert TeacherPlanner.__init__ is object.__init__  # the planner holds no task reference at all
 
 
-def test_critic_reports_an_outdated_value_so_the_reducer_records_a_conflict(world):
-    t = next(x for x in world.split("test") if x.family == "anchor_web" and x.meta["alt_values"]["1"])
+def _critic_steps(t):
     roles = make_teacher_roles(t)
     r0 = t.to_context()
-    old = t.meta["alt_values"]["1"][0]["value"]
-    gold = t.gold_chain[1].gold_value
     specs, _ = asyncio.run(roles.need_parser.parse(r0, []))
     led = reduce(initial_ledger(), NeedsDeclared(tuple(specs)))
 
@@ -124,12 +121,39 @@ def test_critic_reports_an_outdated_value_so_the_reducer_records_a_conflict(worl
         v, _ = asyncio.run(roles.critic.judge(r0, led, "web_search", args, obs, []))
         return reduce(led, ObservationCommitted("web_search", canonical_args(args), obs, v, need)), v
 
+    return led, commit
+
+
+def test_critic_keeps_an_outdated_value_as_stale_evidence_of_a_filled_need(world):
+    # An outdated value is superseded, not a rival: it is kept as an atom, the filled need stays filled (no conflict).
+    t = next(x for x in world.split("test") if x.family == "anchor_web" and x.meta["alt_values"]["1"])
+    old = t.meta["alt_values"]["1"][0]["value"]
+    gold = t.gold_chain[1].gold_value
+    led, commit = _critic_steps(t)
     led, _ = commit(led, f"sign: {t.meta['entity']}", 0)
     led, v = commit(led, f"Profile: the value is {gold}.", 1)
     assert v.verdict == "SUFFICIENT" and led.needs[1].value == gold and ready(led)
     led, v = commit(led, f"Archived 2009 listing: the value was {old}.", 1)
-    assert v.updates[0].value == old
-    assert led.unresolved_conflicts() and not ready(led) and led.needs[1].status == "partial"
+    assert [(u.status, u.value) for u in v.updates] == [("partial", old)] and "outdated" in v.description
+    stale = [a for a in led.atoms if a.value == old]
+    assert stale and stale[0].content.startswith("[outdated, not used]")
+    assert not led.unresolved_conflicts() and ready(led) and led.needs[1].value == gold
+
+
+def test_critic_reports_a_conflicting_value_so_the_reducer_records_a_conflict(world):
+    t = next(x for x in world.split("test") if x.family == "conflict")
+    wrong = t.meta["alt_values"]["1"][0]["value"]
+    gold = t.gold_chain[1].gold_value
+    led, commit = _critic_steps(t)
+    led, _ = commit(led, f"sign: {t.gold_chain[0].gold_value}", 0)
+    led, v = commit(led, f"Profile: the value is {gold}.", 1)
+    assert v.verdict == "SUFFICIENT" and ready(led)
+    led, v = commit(led, f"Forum: the value is {wrong}.", 1)
+    assert v.updates[0].value == wrong and v.verdict == "CONFLICTING"
+    (c,) = led.unresolved_conflicts()
+    assert [a.value for a in led.atoms if a.id in c.atom_ids] == [gold, wrong] and not ready(led)
+    led, v = commit(led, f"Forum again: the value is {wrong}.", 1)
+    assert not v.updates and led.unresolved_conflicts()  # a declared wrong value never settles it
     led, v = commit(led, f"Official: {gold}.", 1)
     assert not led.unresolved_conflicts() and ready(led) and led.needs[1].value == gold
 
@@ -154,3 +178,12 @@ def test_value_in_text_matches_whole_values_only():
         "Kelmora Ferries", "Kelmorra Ferries"
     )
     assert value_in_text("1250", "a total of 1,250 units")
+
+
+def test_option_letter_maps_a_value_written_another_way_to_its_option():
+    from collect.teacher import option_letter
+
+    opts = ["A. 4 October 2015", "B. 17 September 2016", "C. 17 September 2017", "D. 7 September 2016"]
+    assert option_letter("2016-09-17", opts) == "B" and option_letter("the 17th of September 2016", opts) == "B"
+    assert option_letter("7 September 2016", opts) == "D" and option_letter("17 September 2018", opts) is None
+    assert option_letter("twelve kilometres", ["A. 10 km", "B. 12 km"]) == "B"

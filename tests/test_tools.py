@@ -15,7 +15,7 @@ import pytest
 from collect.actions import Action, validate_action
 from collect.tasks import AssetSpec, Task, Tracks
 from collect.tools import ToolBox, ToolFailure, ToolsConfig, tool_schemas
-from collect.tools.web import bm25_search, is_blocked
+from collect.tools.web import bm25_index, bm25_search, is_blocked
 from collect.world import build_world
 
 
@@ -86,6 +86,33 @@ def test_bm25_finds_the_gold_doc_for_entity_and_attribute():
         assert any(n1.gold_value in r["snippet"] for r in res), t.id
         hits_at_1 += res[0]["title"] == f"About {t.meta['entity']}"
     assert hits_at_1 >= 0.8 * len(tasks)
+
+
+STEM_CORPUS = [
+    {"url": "https://a.example/keeper", "title": "The keeper", "text": "The last lighthouse keeper lit the lamp."},
+    {"url": "https://b.example/ferry", "title": "Ferry", "text": "The ferry crossing takes an hour."},
+]
+
+
+def test_bm25_stems_english_by_default_and_can_be_told_not_to():
+    # every content word of the query is in another form in the page: only a stemmed search finds it
+    hits = bm25_search(STEM_CORPUS, "lighthouses keepers lamps", 5, ())
+    assert [h["link"] for h in hits] == ["https://a.example/keeper"]
+    assert bm25_search(STEM_CORPUS, "lighthouses keepers lamps", 5, (), stemmer="") == []
+    assert bm25_search(STEM_CORPUS, "lighthouse keeper", 5, (), stemmer="")  # the words as written still match
+
+
+def test_bm25_index_cache_is_keyed_on_the_stemmer():
+    corpus = [dict(d) for d in STEM_CORPUS]
+    english, plain = bm25_index(corpus, "english"), bm25_index(corpus, "")
+    assert english is not plain and bm25_index(corpus, "english") is english and bm25_index(corpus, "") is plain
+    assert bm25_index(corpus) is english  # the default is the English stemmer
+
+
+def test_web_stemmer_is_checked_by_the_config():
+    assert ToolsConfig().web_stemmer == "english" and ToolsConfig(web_stemmer="").web_stemmer == ""
+    with pytest.raises(ValueError, match="ToolsConfig.web_stemmer: 'klingon' is not one of .*english"):
+        ToolsConfig(web_stemmer="klingon")
 
 
 def test_blocked_domains_are_dropped():
@@ -240,3 +267,14 @@ def test_media_perception_sends_frames_of_requested_range(loopback, tmp_path, mo
     for u in images:
         assert u.startswith("data:image/jpeg;base64,")
         assert base64.b64decode(u.split(",", 1)[1])[:2] == b"\xff\xd8"
+
+
+def test_the_stemmer_is_part_of_the_config_hash():
+    # an OUT written with the words as written must not resume under the stemmed search (or the other way round)
+    from collect.config import CollectConfig
+
+    default = CollectConfig(tools={"web_backend": "bm25"})
+    assert default.hash() == CollectConfig(tools={"web_backend": "bm25", "web_stemmer": "english"}).hash()
+    assert default.hash() != CollectConfig(tools={"web_backend": "bm25", "web_stemmer": ""}).hash()
+    http = {"web_backend": "http", "web_provider_url": "http://127.0.0.1:9/search"}
+    assert "web_stemmer" not in json.dumps(CollectConfig(tools=http).to_dict()["tools"])

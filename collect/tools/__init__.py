@@ -221,7 +221,7 @@ class ToolBox:
         c = self.config
         try:
             if c.web_backend == "bm25":
-                results = web.bm25_search(self.corpus, query, c.top_k, c.blocked_domains)
+                results = web.bm25_search(self.corpus, query, c.top_k, c.blocked_domains, c.web_stemmer)
             else:
                 results = await web.http_search(
                     c.web_provider_url, c.web_api_key_env, query, c.top_k, c.blocked_domains

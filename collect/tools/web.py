@@ -34,25 +34,35 @@ def is_blocked(url: str, blocked: tuple[str, ...]) -> bool:
     return False
 
 
-class BM25Index:
-    """BM25 over `title + text` of corpus docs (built once per corpus and reused)."""
+DEFAULT_STEMMER = "english"  # tools.web_stemmer: a PyStemmer (Snowball) algorithm; "" searches the words as written
 
-    def __init__(self, corpus: list[dict]):
+
+class BM25Index:
+    """BM25 over `title + text` of corpus docs (built once per corpus and stemmer, and reused). With a stemmer
+    (PyStemmer, e.g. "english") documents and queries are stemmed alike, so "lighthouses" finds "lighthouse"."""
+
+    def __init__(self, corpus: list[dict], stemmer: str = DEFAULT_STEMMER):
         import bm25s
 
         self.corpus = corpus
         self._bm25s = bm25s
+        self._stemmer = None
+        if stemmer:
+            import Stemmer
+
+            self._stemmer = Stemmer.Stemmer(stemmer)
         logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG on import
         self.retriever = bm25s.BM25()
-        toks = bm25s.tokenize(
-            [f"{d.get('title', '')} {d.get('text', '')}" for d in corpus], stopwords="en", show_progress=False
-        )
+        toks = self._tokenize([f"{d.get('title', '')} {d.get('text', '')}" for d in corpus])
         self.retriever.index(toks, show_progress=False)
+
+    def _tokenize(self, texts: list[str]):
+        return self._bm25s.tokenize(texts, stopwords="en", stemmer=self._stemmer, show_progress=False)
 
     def search(self, query: str, k: int) -> list[tuple[dict, float]]:
         if not self.corpus:
             return []
-        qt = self._bm25s.tokenize([query], stopwords="en", show_progress=False)
+        qt = self._tokenize([query])
         if not any(len(x) for x in qt.ids):
             return []
         k = min(k, len(self.corpus))
@@ -60,30 +70,33 @@ class BM25Index:
         return [(self.corpus[int(i)], float(s)) for i, s in zip(ids[0], scores[0], strict=True) if s > 0]
 
 
-_INDEX_CACHE: dict[int, tuple[list[dict], BM25Index]] = {}
+_INDEX_CACHE: dict[tuple[int, str], tuple[list[dict], BM25Index]] = {}
 _INDEX_CACHE_SIZE = 16  # the shared corpus of a run plus the per-task corpora (task `documents`) in flight
 
 
-def bm25_index(corpus: list[dict]) -> BM25Index:
-    """Reuse one index per corpus object (the run's corpus is shared by every task; a task with its own `documents`
-    has its own list). The cache keeps the most recently used indexes only."""
-    key = id(corpus)
+def bm25_index(corpus: list[dict], stemmer: str = DEFAULT_STEMMER) -> BM25Index:
+    """Reuse one index per corpus object and stemmer (the run's corpus is shared by every task; a task with its own
+    `documents` has its own list; an index built with one stemmer never serves another). The cache keeps the most
+    recently used indexes only."""
+    key = (id(corpus), stemmer or "")
     hit = _INDEX_CACHE.pop(key, None)
     if hit is not None and hit[0] is corpus:
         _INDEX_CACHE[key] = hit  # most recent last
         return hit[1]
-    idx = BM25Index(corpus)
+    idx = BM25Index(corpus, stemmer)
     _INDEX_CACHE[key] = (corpus, idx)
     while len(_INDEX_CACHE) > _INDEX_CACHE_SIZE:
         del _INDEX_CACHE[next(iter(_INDEX_CACHE))]
     return idx
 
 
-def bm25_search(corpus: list[dict], query: str, top_k: int, blocked: tuple[str, ...]) -> list[dict]:
+def bm25_search(
+    corpus: list[dict], query: str, top_k: int, blocked: tuple[str, ...], stemmer: str = DEFAULT_STEMMER
+) -> list[dict]:
     """Top-k non-blocked docs as result dicts {title, link, snippet, date}."""
     if not corpus:
         return []  # no corpus (e.g. a task source that brings none): nothing to index
-    hits = bm25_index(corpus).search(query, top_k * 3 + 5)
+    hits = bm25_index(corpus, stemmer).search(query, top_k * 3 + 5)
     out = []
     for doc, _ in hits:
         if is_blocked(doc.get("url", ""), blocked):
