@@ -78,8 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    keys = ("n_tasks", "accuracy", "outcomes", "avg_tool_calls", "valid_action_rate", "wall_s")
+    keys = (
+        "n_tasks",
+        "accuracy",
+        "n_judged",
+        "n_unjudged",
+        "outcomes",
+        "avg_tool_calls",
+        "valid_action_rate",
+        "wall_s",
+    )
     print(jsonio.dumps({k: summary.get(k) for k in keys}, nonfinite="string", indent=1))
+    if summary.get("n_unjudged"):
+        print(
+            f"warning: {summary['n_unjudged']} of {summary['n_tasks']} task(s) are unjudged and not in the accuracy "
+            f"(the judge gave no usable verdict; first: {summary.get('first_unjudged_detail') or 'no detail'}); "
+            "summary.json lists them in unjudged_tasks",
+            file=sys.stderr,
+        )
     if summary.get("errored_tasks"):
         print(
             f"warning: {len(summary['errored_tasks'])} task(s) did not finish (see summary.json errored_tasks); "

@@ -298,7 +298,7 @@ async def omnigaia_judge(
         try:
             content, finish = await _ask_judge(client, model, messages, max_tokens)
         except ChatError as e:
-            failures.append(f"error {e.kind}")
+            failures.append(f"error {e.kind}: {e.detail[:160]}")  # the server's own message (redacted)
             continue
         except Exception as e:  # noqa: BLE001 - any client (a plain OpenAI client raises its own errors): unjudged
             failures.append(f"error {type(e).__name__}: {str(e)[:80]}")

@@ -124,11 +124,13 @@ def scoring_stats(records: list[dict]) -> dict:
     and the tasks left unjudged (correct is None: the LLM judge gave no usable verdict; not in the accuracy)."""
     judges = [r["judge"] for r in records if isinstance(r.get("judge"), dict)]
     modes = sorted({str(j["mode"]) for j in judges if j.get("mode")})
-    unjudged = [str(r.get("task_id")) for r in records if r.get("correct") is None]
+    unjudged = [r for r in records if r.get("correct") is None]
+    details = [str((r.get("judge") or {}).get("detail") or "") for r in unjudged]
     return {
         "scoring_mode": modes[0] if len(modes) == 1 else ("mixed" if modes else None),
         "n_unjudged": len(unjudged),
-        "unjudged_tasks": unjudged,
+        "unjudged_tasks": [str(r.get("task_id")) for r in unjudged],
+        "first_unjudged_detail": next((d for d in details if d), None),  # e.g. the judge endpoint's error message
     }
 
 

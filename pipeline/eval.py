@@ -453,6 +453,14 @@ def format_table(summary: dict) -> str:
             f"{(valid or 0) * 100:6.1f}%  {oc['accepted']}/{oc['repaired']}/{oc['forced']}/{oc['insufficient']}/"
             f"{oc['budget_exhausted']}"
         )
+    for name, s in summary["cells"].items():  # a figure over fewer tasks than it says must not pass unnoticed
+        if s.get("n_unjudged"):
+            lines.append(
+                f"warning: {name}: {s['n_unjudged']} of {s['n_tasks']} task(s) unjudged, not in its accuracy "
+                f"(first: {s.get('first_unjudged_detail') or 'no detail'})"
+            )
+        if s.get("trained_on_scored_tasks"):
+            lines.append(f"warning: {name}: trained on {s['trained_on_scored_tasks']} of the tasks it is scored on")
     return "\n".join(lines)
 
 

@@ -92,3 +92,40 @@ def test_an_endpoint_that_refuses_the_key_is_refused_naming_the_variable(tmp_pat
     assert rc == 2 and "endpoint 'llm'" in err and "refused the key in OD_WRONG_KEY: HTTP 401" in err, err
     assert "Incorrect API key" in err and "sk-not-the-right-one" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_judge_that_answers_400_leaves_a_count_and_the_servers_message_on_the_console(tmp_path, capsys):
+    """Before: accuracy null in summary.json, no count of unjudged tasks and nothing on the console."""
+    import json
+
+    from tests.fakes import FakeChatServer, Reply, tool_call
+
+    task = {
+        "id": "og-like-1",
+        "question": "Which city hosts the Corran festival?",
+        "answer": "Tessel",
+        "source": "omnigaia",
+        "gold_chain": [{"need": "host city", "preferred_source": "web", "query_focus": "Corran festival city"}],
+    }
+    (tmp_path / "t.jsonl").write_text(json.dumps(task) + "\n")
+    (tmp_path / "t.corpus.jsonl").write_text(json.dumps({"url": "u", "title": "t", "text": "nothing here"}) + "\n")
+    err400 = json.dumps({"error": {"message": "The model `judge-x` does not exist", "code": "model_not_found"}})
+    with FakeChatServer() as srv:
+        srv.default("planner", tool_call("finish", {"answer": "Somewhere"}))
+        srv.default("default", Reply(status=400, raw_body=err400))  # every judge call (the judge prompt has no role)
+        cfg = {
+            "tasks": {"kind": "file", "path": str(tmp_path / "t.jsonl")},
+            "split": "all",
+            "runtime": {"max_revisions": 0},
+            "roles": {"planner": "fake"},
+            "endpoints": {
+                "fake": {"base_url": srv.base_url, "model": "p"},
+                "judge": {"base_url": srv.base_url, "model": "judge-x", "max_retries": 0},
+            },
+            "judge": {"endpoint": "judge"},
+        }
+        rc, err = _run(tmp_path, cfg, capsys)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert rc == 0 and summary["accuracy"] is None and summary["n_unjudged"] == 1
+    assert "does not exist" in summary["first_unjudged_detail"]
+    assert "1 of 1 task(s) are unjudged and not in the accuracy" in err and "does not exist" in err
