@@ -14,9 +14,9 @@ list (REWARD_FUNCS order) or a mapping by reward name; LoRA is ModelConfig's ``u
 
 The KL reference is the post-SFT policy, never the raw base:
   * full weights at model_name_or_path (a full-FT or merged SFT checkpoint), ``use_peft: false``: TRL loads the
-    reference from the same path, i.e. the SFT checkpoint, with the class config.architectures[0] names;
-    build_trainer checks that it is the policy's class (a vision-language checkpoint names its ConditionalGeneration
-    class there while the policy is a CausalLM: then use_peft, or save the SFT checkpoint from the policy's class);
+    reference from the same path, i.e. the SFT checkpoint, with the policy's own class (reference_built_like: TRL
+    would otherwise pick the class named in config.architectures[0], e.g. a vision-language ConditionalGeneration
+    class for a CausalLM policy);
   * full weights + ``use_peft: true``: a fresh adapter on the SFT weights; TRL's reference is the model with the
     adapter disabled = the SFT weights;
   * a LoRA adapter directory (adapter_config.json): loaded as a trainable PeftModel; TRL copies the SFT adapter into a
@@ -27,6 +27,8 @@ feed a per-row tools column to TRL's own rendering). Writes OUT (model + tokeniz
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -36,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
+from unittest import mock
 
 from collect import jsonio
 
@@ -46,6 +49,7 @@ from datasets import concatenate_datasets, load_from_disk
 from peft import PeftConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
+from trl.trainer import grpo_trainer
 
 from collect.cli import run_cli
 from collect.harvest import template_messages
@@ -385,6 +389,25 @@ def load_state_pool(dataset_dirs: str, split: str = "train", origins: str | None
     return ds
 
 
+@contextlib.contextmanager
+def reference_built_like(policy):
+    """While GRPOTrainer is constructed, build its KL reference with the policy's own class.
+
+    TRL 1.16 creates the reference with `create_model_from_path(get_config_model_id(self.model.config), ...)`, which
+    instantiates `config.architectures[0]`: for a vision-language checkpoint (Qwen3.5's SFT OUT/merged keeps the
+    original checkpoint's layout, for vLLM) that is the ConditionalGeneration class while the policy was loaded as a
+    CausalLM, so the KL term would compare two different models. TRL has no argument for the reference's class, so
+    `architecture` is pinned here; `build_trainer` checks the result, and
+    tests/test_rl.py::test_trl_hooks_this_project_relies_on_are_there fails if TRL stops building it this way."""
+    cls = type(policy)
+    with mock.patch.object(
+        grpo_trainer,
+        "create_model_from_path",
+        functools.partial(grpo_trainer.create_model_from_path, architecture=cls),
+    ):
+        yield cls
+
+
 def states_calling(ds, tools: str):
     """The states of `ds` whose reference decision calls one of `tools` (comma-separated names); none is an error."""
 
@@ -418,29 +441,25 @@ def build_trainer(recipe: RLRecipe):
 
     # 3. GRPO with the recipe's objective
     compact_lm_head_on_cpu()  # CPU only: the policy's log-probs over completion tokens only (same loss, faster)
-    trainer = StateRecordingGRPOTrainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=training,
-        train_dataset=ds,
-        processing_class=tok,
-        peft_config=peft_config,
-    )
+    with reference_built_like(model):
+        trainer = StateRecordingGRPOTrainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=training,
+            train_dataset=ds,
+            processing_class=tok,
+            peft_config=peft_config,
+        )
     trainer.recorder = recorder
     trainer.trained_task_ids = trainer_task_ids
     if training.beta and how == "full_ft_ref_loaded_from_sft_checkpoint":
-        # TRL builds the KL reference from the checkpoint's config.architectures[0]; it must be the SFT weights in the
-        # policy's class (a vision-language checkpoint names its ConditionalGeneration class there)
+        # the KL reference must be the SFT weights in the policy's class (reference_built_like)
         ref = trainer.accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
         ref_src = getattr(ref.config, "_name_or_path", None) if ref is not None else None
         if ref_src is None or Path(ref_src).resolve() != Path(model_args.model_name_or_path).resolve():
             raise RuntimeError(f"KL reference {ref_src!r} is not the SFT checkpoint {model_args.model_name_or_path!r}")
         if type(ref) is not type(model):
-            raise RuntimeError(
-                f"KL reference is a {type(ref).__name__} (config.architectures of {ref_src}), the policy a "
-                f"{type(model).__name__}: train with use_peft: true (the reference is then the adapter disabled), "
-                "or save the SFT checkpoint from the policy's class"
-            )
+            raise RuntimeError(f"KL reference is a {type(ref).__name__}, the policy a {type(model).__name__}")
     return trainer, tok, judge, how, len(ds)
 
 

@@ -150,10 +150,12 @@ def test_prompts_are_prerendered_with_each_rows_own_tools(tiny_model, short_runs
     assert '"audio_scout"' in p_other and video["question"] in p_video and other["question"] in p_other
 
 
-def test_a_kl_reference_of_another_class_than_the_policy_is_a_clear_error(tiny_model, rl_data, tmp_path):
-    """TRL builds the reference from config.architectures[0]; a vision-language checkpoint names its
-    ConditionalGeneration class there while the policy is loaded as a CausalLM: the KL term would compare two
-    different models, so build_trainer refuses and says what to do."""
+def test_kl_reference_has_the_policys_class_even_when_config_architectures_names_another(
+    tiny_model, rl_data, tmp_path
+):
+    """TRL builds the reference from config.architectures[0]; a vision-language checkpoint (Qwen3.5's SFT OUT/merged)
+    names its ConditionalGeneration class there while the policy is loaded as a CausalLM; the reference must be that
+    CausalLM, with the SFT weights."""
     from rl.train import build_trainer
 
     ckpt = tmp_path / "multimodal_named"
@@ -162,26 +164,27 @@ def test_a_kl_reference_of_another_class_than_the_policy_is_a_clear_error(tiny_m
     conf["architectures"] = ["Qwen3ForTokenClassification"]  # another head on the same backbone
     (ckpt / "config.json").write_text(json.dumps(conf))
     overrides = {"dataset_dir": str(rl_data / "rl_states"), "output_dir": str(tmp_path / "out"), "max_steps": 1}
-    recipe = load_config(str(ROOT / "configs/rl/tiny.yaml"), {"model_name_or_path": str(ckpt), **overrides})
-    with pytest.raises(RuntimeError, match=r"Qwen3ForTokenClassification.*Qwen3ForCausalLM: train with use_peft"):
-        build_trainer(recipe)
     trainer, *_ = build_trainer(
-        load_config(str(ROOT / "configs/rl/tiny.yaml"), {"model_name_or_path": str(tiny_model), **overrides})
+        load_config(str(ROOT / "configs/rl/tiny.yaml"), {"model_name_or_path": str(ckpt), **overrides})
     )
-    assert type(trainer.ref_model) is type(trainer.model)  # the checkpoint's own class: accepted
+    assert type(trainer.model).__name__ == "Qwen3ForCausalLM"
+    assert type(trainer.ref_model) is type(trainer.model)
     ref, pol = trainer.ref_model.state_dict(), trainer.model.state_dict()
     assert ref.keys() == pol.keys() and all(torch.equal(ref[k], pol[k]) for k in pol)  # the same SFT weights
 
 
 def test_trl_hooks_this_project_relies_on_are_there():
-    """The two places this project reaches into TRL 1.16 beyond its public API (rl/train.py
-    StateRecordingGRPOTrainer, sft/lm_head.py): if TRL changes them, this fails before a run silently loses its
-    scored-states log or its CPU speed-up."""
+    """The three places this project reaches into TRL 1.16 beyond its public API (rl/train.py
+    StateRecordingGRPOTrainer and reference_built_like, sft/lm_head.py): if TRL changes them, this fails before a run
+    silently loses its scored-states log, builds its KL reference in another class, or loses its CPU speed-up."""
     import inspect
 
     from trl import GRPOTrainer
     from trl.trainer import utils as trl_utils
 
+    init = inspect.getsource(GRPOTrainer.__init__)  # the reference is built here (rl.train.reference_built_like)
+    assert "create_model_from_path(get_config_model_id(self.model.config), **model_init_kwargs)" in init
+    assert "architecture" in inspect.signature(trl_utils.create_model_from_path).parameters
     src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
     assert '"advantages": advantages' in src  # the returned dict holds this process's advantages
