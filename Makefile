@@ -117,7 +117,7 @@ imports: $(STAMP)  ## the import graph: packages in layers, any cycle or functio
 # make demo: teacher data (1,080 train tasks) -> state-SFT of the tiny planner (1000 steps) -> one on-policy round (60
 # train tasks; SFT 150 steps; GRPO 10 steps) -> the five planners on the first 36 test tasks. Goal: 20 minutes on 2 cores.
 demo: $(STAMP)  ## the whole pipeline on the embedded world, CPU only, no key or network -> runs/demo
-	$(PY) -m collect --config configs/collect/embedded_1800_windows.yaml --out runs/demo/collect --split train \
+	$(PY) -m collect --config configs/collect/embedded_1800.yaml --out runs/demo/collect --split train \
 		--no-progress
 	$(PY) -m sft.train --config configs/sft/tiny.yaml --dataset_dir runs/demo/collect/sft --output_dir runs/demo/sft \
 		--max_steps 1000 --dataset_num_proc 2
