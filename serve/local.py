@@ -46,7 +46,6 @@ import h11
 import httpx
 import torch
 import uvicorn
-import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -56,6 +55,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from collect.actions import TOOL_CALL_RE
 from collect.cli import run_cli
+from collect.config import ConfigError, from_mapping, load_recipe
 from serve.checks import checkpoint_problem, port_problem
 
 log = logging.getLogger(__name__)
@@ -921,7 +921,20 @@ class LocalServer:
 
 
 LIMIT_KEYS = tuple(f.name for f in dataclasses.fields(ServeLimits))
-CONFIG_KEYS = ("model", "host", "port", "name", *LIMIT_KEYS)
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalServeConfig(ServeLimits):
+    """A serve.local recipe (configs/serve/tiny_local.yaml): the checkpoint, where to listen, the served name, and the
+    limits (ServeLimits' keys, at the top level). Loaded by collect.config.load_recipe like every other recipe."""
+
+    model: str | None = None  # save_pretrained checkpoint directory
+    host: str = "127.0.0.1"
+    port: int = 8011
+    name: str | None = None  # served model name (default: the directory name)
+
+
+CONFIG_KEYS = tuple(f.name for f in dataclasses.fields(LocalServeConfig))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -942,26 +955,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--max-connections", type=int, default=None, help="open connections at most (256)")
     a = ap.parse_args(argv)
-    cfg = yaml.safe_load(Path(a.config).read_text()) if a.config else {}
-    if unknown := sorted(set(cfg or {}) - set(CONFIG_KEYS)):
-        ap.error(f"{a.config}: unknown keys {unknown} (known: {', '.join(CONFIG_KEYS)})")
-    model = a.model or cfg.get("model")
-    if not model:
-        ap.error("--model (or model: in --config) is required")
-    host = a.host or cfg.get("host", "127.0.0.1")
-    port = a.port or cfg.get("port", 8011)
-    limits = {k: getattr(a, k) if getattr(a, k) is not None else cfg.get(k) for k in LIMIT_KEYS}
-    limits = {k: v for k, v in limits.items() if v is not None}
+    flags = {k: getattr(a, k) for k in CONFIG_KEYS if getattr(a, k, None) is not None}
     try:
-        server_limits = ServeLimits(**limits)
+        cfg = (
+            load_recipe(LocalServeConfig, a.config, flags, "serve.local recipe")
+            if a.config
+            else from_mapping(LocalServeConfig, flags, "")
+        )
+        if not cfg.model:
+            raise ConfigError("--model (or model: in --config) is required")
+        server_limits = ServeLimits(**{k: getattr(cfg, k) for k in LIMIT_KEYS})
         ensure_open_files(server_limits)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         ap.error(str(e))
-    if problem := checkpoint_problem(model) or port_problem(host, int(port)):
+    if problem := checkpoint_problem(cfg.model) or port_problem(cfg.host, cfg.port):
         ap.error(problem)  # before the model is loaded
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(model, a.name or cfg.get("name"), server_limits)
-    server = _Server(_uvicorn_config(app, host, int(port), log_level="info"), app.state.chat)
+    app = create_app(cfg.model, cfg.name, server_limits)
+    server = _Server(_uvicorn_config(app, cfg.host, cfg.port, log_level="info"), app.state.chat)
     server.run()
 
 

@@ -293,18 +293,23 @@ def test_client_disconnect_stops_its_generation(checkpoint):
         assert h["generated_tokens"] < LONG_GEN
 
 
-def test_config_limits_are_read_and_unknown_keys_refused(tmp_path):
+def test_config_limits_are_read_and_unknown_keys_refused(tmp_path, capsys):
     import yaml
 
-    from serve.local import CONFIG_KEYS, LIMIT_KEYS, ServeLimits, main
+    from collect.config import load_recipe
+    from serve.local import CONFIG_KEYS, LIMIT_KEYS, LocalServeConfig, ServeLimits, main
 
     cfg = yaml.safe_load((ROOT / "configs/serve/tiny_local.yaml").read_text())
     assert set(cfg) <= set(CONFIG_KEYS)
     assert ServeLimits(**{k: cfg[k] for k in LIMIT_KEYS if k in cfg}) == ServeLimits()  # it states the defaults
+    loaded = load_recipe(LocalServeConfig, ROOT / "configs/serve/tiny_local.yaml")
+    assert (loaded.model, loaded.port, loaded.name) == ("runs/sft/tiny/merged", 8011, "planner")
     bad = tmp_path / "typo.yaml"
     bad.write_text("model: /nowhere\nmax_queu: 3\n")
     with pytest.raises(SystemExit):
         main(["--config", str(bad)])
+    err = capsys.readouterr().err  # the one recipe error style: file, field, the known keys, the closest one
+    assert f"{bad}: max_queu: unknown key; expected one of" in err and "did you mean 'max_queue'?" in err
     with pytest.raises(ValueError, match="max_queue"):
         ServeLimits(max_queue=-1)
 
