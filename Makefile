@@ -55,10 +55,10 @@ COLLECT_OUT := runs/collect
 SFT_OUT := runs/sft
 RL_OUT := runs/rl
 
-collect: $(STAMP)  ## CONFIG= OUT= SPLIT= LIMIT= TASKS= WORKERS=(N|auto) SHARD=(K/N): teacher runs + harvest
+collect: $(STAMP)  ## CONFIG= OUT= SPLIT= LIMIT= TASKS= WORKERS=(N|auto) SHARD=(K/N) ARGS=: teacher runs + harvest
 	$(PY) -m collect --config $(or $(CONFIG),configs/collect/embedded.yaml) --out $(or $(OUT),$(COLLECT_OUT)) \
 		$(if $(SPLIT),--split $(SPLIT)) $(if $(LIMIT),--limit $(LIMIT)) $(if $(TASKS),--tasks $(TASKS)) \
-		$(if $(WORKERS),--workers $(WORKERS)) $(if $(SHARD),--shard $(SHARD))
+		$(if $(WORKERS),--workers $(WORKERS)) $(if $(SHARD),--shard $(SHARD)) $(ARGS)
 
 merge: $(STAMP)  ## SHARDS="runs/shards/0 ..." OUT=: shard OUTs -> one OUT + harvest (docs/scale.md)
 	$(PY) -m collect.merge $(or $(SHARDS),$(error set SHARDS="runs/shards/0 runs/shards/1 ...")) \
@@ -92,10 +92,10 @@ serve: $(STAMP)  ## CONFIG=configs/serve/<recipe>.yaml MODEL= (replaces the reci
 serve-local: $(STAMP)  ## MODEL= PORT=: a transformers checkpoint as an OpenAI-compatible server on CPU
 	$(PY) -m serve.local --model $(or $(MODEL),$(RL_OUT)) --port $(or $(PORT),8008)
 
-eval: $(STAMP)  ## CONFIG= PLANNER=(offline|DIR|URL#model) OUT= SPLIT= LIMIT= WORKERS= PROCS= | MERGE="A B" OUT=
+eval: $(STAMP)  ## CONFIG= PLANNER=(offline|DIR|URL#model) OUT= SPLIT= LIMIT= WORKERS= PROCS= ARGS= | MERGE="A B" OUT=
 	$(PY) -m pipeline.eval --config $(or $(CONFIG),configs/eval/embedded.yaml) $(if $(PLANNER),--planner $(PLANNER)) \
 		--out $(or $(OUT),runs/eval) $(if $(SPLIT),--split $(SPLIT)) $(if $(LIMIT),--limit $(LIMIT)) \
-		$(if $(WORKERS),--workers $(WORKERS)) $(if $(PROCS),--planner-processes $(PROCS)) $(if $(MERGE),--merge $(MERGE))
+		$(if $(WORKERS),--workers $(WORKERS)) $(if $(PROCS),--planner-processes $(PROCS)) $(if $(MERGE),--merge $(MERGE)) $(ARGS)
 
 relabel: $(STAMP)  ## MODEL= OUT= ROUND= SPLIT= LIMIT= DATA=: one on-policy round, no training (test is refused)
 	$(PY) -m pipeline.relabel --planner $(or $(MODEL),$(SFT_OUT)/merged) \

@@ -333,7 +333,7 @@ async def run_collection_async(
         raise MissingMediaError(
             f"{len(missing)} of {len(all_tasks)} selected task(s) have missing media files ({shown}; e.g. {first}); "
             f"set tasks.media_root / tools.media_root, or run them anyway with --allow-missing-media "
-            f"(config allow_missing_media: true)"
+            f"(make: ARGS=--allow-missing-media; config allow_missing_media: true)"
         )
     if missing:
         log.warning("running %d task(s) with missing media (allow_missing_media): %s", len(missing), list(missing))

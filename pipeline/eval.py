@@ -67,6 +67,9 @@ class EvalConfig:
     )
     concurrency: int | None = field(default=None, metadata={"help": "override runtime.concurrency"})
     workers: int | str | None = field(default=None, metadata={"help": "override the collect `workers` (N | auto)"})
+    allow_missing_media: bool = field(
+        default=False, metadata={"help": "run tasks whose media files are missing (the collect key of that name)"}
+    )
     planner_processes: int | str = field(
         default=1,
         metadata={
@@ -237,7 +240,10 @@ def load_eval_config(path: str, planner: str | None = None, overrides: dict | No
 
 
 def _base_config(cfg: EvalConfig):
-    return load_config(cfg.base, {"split": cfg.split, "limit": cfg.limit, "workers": cfg.workers})
+    overrides = {"split": cfg.split, "limit": cfg.limit, "workers": cfg.workers}
+    if cfg.allow_missing_media:
+        overrides["allow_missing_media"] = True
+    return load_config(cfg.base, overrides)
 
 
 def _eval_planner(
@@ -478,6 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         "--planner-processes", default=None, help="planners evaluated at once, each in its own process: N or 'auto'"
     )
     ap.add_argument(
+        "--allow-missing-media",
+        action="store_true",
+        default=None,
+        help="run tasks whose media files are missing (perception sees none; counted in the summary)",
+    )
+    ap.add_argument(
         "--merge",
         nargs="+",
         metavar="EVAL_OUT",
@@ -495,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                 "limit": args.limit,
                 "workers": args.workers,
                 "planner_processes": args.planner_processes,
+                "allow_missing_media": args.allow_missing_media,
             }
             cfg = load_eval_config(args.config, args.planner, overrides)
             summary = run_eval(cfg, Path(args.out), overwrite=args.overwrite, rerun_changed=args.rerun_changed)

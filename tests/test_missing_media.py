@@ -117,3 +117,20 @@ def test_annotated_assets_need_no_file_unless_the_backend_reads_media(tmp_path):
     media.media_root = str(tmp_path)
     (tmp_path / "nowhere.mp4").write_bytes(b"\0")
     assert missing_media([t1], media) == {}
+
+
+def test_eval_refuses_and_allows_like_collect(omnigaia_setup, capsys):
+    """pipeline.eval runs each cell as a collect run: the same refusal, and the flag it names exists there too."""
+    from pipeline.eval import main as eval_main
+
+    tmp, ids = omnigaia_setup
+    recipe = {"base": str(tmp / "cfg.yaml"), "split": "all", "planners": {"teacher": "offline"}}
+    (tmp / "eval.yaml").write_text(yaml.safe_dump(recipe))
+    argv = ["--config", str(tmp / "eval.yaml"), "--out", str(tmp / "ev")]
+    assert eval_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "2 of 3 selected task(s) have missing media" in err and "--allow-missing-media" in err
+    assert eval_main([*argv, "--allow-missing-media"]) == 0
+    summary = json.loads((tmp / "ev/summary.json").read_text())
+    (cell,) = summary["cells"].values()
+    assert cell["n_missing_media"] == 2 and cell["missing_media_tasks"] == ids[1:]
