@@ -181,3 +181,13 @@ gpu-resolve:  ## GPU_RESOLVE_CONSTRAINTS= (unset: what PyPI resolves today, to r
 
 gpu-setup:  ## a GPU node: .venv with .[test,gpu] pinned by constraints/gpu.txt (vLLM's CUDA torch, not the CPU one)
 	$(MAKE) setup EXTRAS=test,gpu TORCH_CONSTRAINT="-c constraints/gpu.txt"
+
+# ---- online GRPO in the ledger runtime (rl/online.py; docs/training.md "Online GRPO") ---------------------------------
+# Resumes: a rerun with the same OUT and recipe continues from OUT's last checkpoint; a finished run is not redone.
+RL_ONLINE_OUT := runs/rl_online
+.PHONY: rl-online
+
+rl-online: $(STAMP)  ## CONFIG= MODEL= OUT= MAX_STEPS= LAUNCH=: online GRPO from MODEL (default SFT's merged), train tasks
+	$(LAUNCH) -m rl.online --config $(or $(CONFIG),configs/rl/online_tiny.yaml) \
+		--model_name_or_path $(or $(MODEL),$(SFT_OUT)/merged) --output_dir $(or $(OUT),$(RL_ONLINE_OUT)) \
+		$(if $(MAX_STEPS),--max_steps $(MAX_STEPS))
