@@ -200,3 +200,13 @@ serve-transformers: $(STAMP)  ## MODEL= PORT=: `transformers serve` (transformer
 
 slurm-check: $(STAMP)  ## STATE= N= LIMIT=: configs/slurm on a one-node Slurm (root; configs/slurm/local_cluster.sh)
 	bash configs/slurm/local_cluster.sh check $(or $(STATE),runs/slurm-check) $(or $(N),2) $(or $(LIMIT),20)
+
+# ---- online GRPO in the ledger runtime (rl/online.py; docs/training.md "Online GRPO") ---------------------------------
+# Resumes: a rerun with the same OUT and recipe continues from OUT's last checkpoint; a finished run is not redone.
+RL_ONLINE_OUT := runs/rl_online
+.PHONY: rl-online
+
+rl-online: $(STAMP)  ## CONFIG= MODEL= OUT= MAX_STEPS= LAUNCH=: online GRPO from MODEL (default SFT's merged), train tasks
+	$(LAUNCH) -m rl.online --config $(or $(CONFIG),configs/rl/online_tiny.yaml) \
+		--model_name_or_path $(or $(MODEL),$(SFT_OUT)/merged) --output_dir $(or $(OUT),$(RL_ONLINE_OUT)) \
+		$(if $(MAX_STEPS),--max_steps $(MAX_STEPS))

@@ -1,10 +1,10 @@
 """The runtime loop (v3 Algorithm 1) for the arms `ledger` (the method), `memory` and `react`; returns a trajectory.
 
-Algorithm 1 -> `run_task` (ledger arm):
-  S_0 <- needs(R0)                      _declare_needs: need_parser.parse -> NeedsDeclared -> reduce
+Algorithm 1 -> `run_task` (ledger arm; `start_run`, then `step` until the ledger is done):
+  S_0 <- needs(R0)                      start_run -> _declare_needs: need_parser.parse -> NeedsDeclared -> reduce
   for t = 1..T:                         `while` (every planner call is one step, errors included); T spent -> Stop
     if not ready(S) and no a with can_advance(a, R0, S): return insufficient
-                                        `any_action_can_advance` before the planner call -> Stop(insufficient)
+                                        stop_before_decide (`any_action_can_advance`) -> Stop(insufficient)
     d_t <- digest(R0, S_t); a_t <- decide(d_t; A(R0))
                                         _decide: the arm's prompt -> planner.decide -> parse_action + references
                                         resolved + validate_action; a model error -> ModelError, next step
@@ -34,10 +34,13 @@ Arms over the same tools and budget (each an `Arm`: what the planner sees, what 
           need parser and critic still run so the ledger is recorded for audit, but the planner never sees them.
 Model errors (unparseable reply, unknown tool, bad arguments, unreadable critic output) and tool failures become
 events and the loop goes on; anything else (transport errors after retries, bugs) raises.
+A run between two steps can be copied (`Run.fork`) and each copy stepped on its own: the online trainer
+(rl/online.py) executes several sampled decisions from one state that way.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 
@@ -82,30 +85,49 @@ async def run_task(
 
     config_hash: the record's `config_hash`, written here only; the collect engine passes its whole recipe's hash
     (CollectConfig.hash(), the one in OUT/run_config.json). Default: a hash of the runtime config and role models."""
-    cfg = runtime_cfg
     r0, gold = _task_parts(task_or_r0)
-    r0 = replace(r0, budget=cfg.budget())  # the runtime config is the one source of the budget
-    run = _Run(r0, roles, cfg, ARMS[cfg.arm](r0, roles, cfg))
-    need_parse = await _declare_needs(run)  # S_0 <- needs(R0)
-    tools = render.tools_for(r0, toolbox.schemas())
-    latest: str | None = None  # shown once to the planner at the next step
+    run = await start_run(r0, roles, toolbox, runtime_cfg)  # S_0 <- needs(R0)
     while not run.ledger.done:
-        if run.ledger.steps >= cfg.max_steps:
-            run.stop("budget_exhausted", f"{cfg.max_steps} steps used")
-        elif run.arm.stops_insufficient and not ready(run.ledger) and not any_action_can_advance(r0, run.ledger):
-            run.stop("insufficient", "not ready and no action can advance the ledger")
-        else:
-            decided = await _decide(run, tools, latest)  # d_t <- digest(R0, S_t); a_t <- decide(d_t; A(R0))
-            if decided is None:  # the prompt outgrew the model's context: a budget, not a fault
-                run.stop("budget_exhausted", "the planner prompt exceeds the model's context")
-                continue
-            step, action, latest = decided
-            if action is not None and action.name == "finish":
-                latest = await run.arm.finish(run, str(action.arguments.get("answer", "")))
-            elif action is not None:
-                latest = await _observe(run, step, action, toolbox)  # o_t; v_t <- critic(d_t, o_t); S (+) event
-            run.close_step(step)
-    return _record(run, gold, need_parse, config_hash)
+        await step(run, toolbox)  # one t of Algorithm 1's loop: a stop, or decide -> finish | execute + critic
+    return record(run, gold, config_hash)
+
+
+async def start_run(r0: TaskContext, roles: Roles, toolbox, cfg: RuntimeConfig) -> Run:
+    """A run at S_0: the budget from the runtime config, the needs declared, A(R0) rendered as tool schemas."""
+    r0 = replace(r0, budget=cfg.budget())  # the runtime config is the one source of the budget
+    run = Run(r0, roles, cfg, ARMS[cfg.arm](r0, roles, cfg))
+    run.need_parse = await _declare_needs(run)
+    run.tools = render.tools_for(r0, toolbox.schemas())
+    return run
+
+
+def stop_before_decide(run: Run) -> tuple[str, str] | None:
+    """(outcome, reason) when the run ends before its next planner call (T spent; not ready and nothing can advance
+    the ledger), else None: the next `step` asks the planner."""
+    if run.ledger.steps >= run.cfg.max_steps:
+        return "budget_exhausted", f"{run.cfg.max_steps} steps used"
+    if run.arm.stops_insufficient and not ready(run.ledger) and not any_action_can_advance(run.r0, run.ledger):
+        return "insufficient", "not ready and no action can advance the ledger"
+    return None
+
+
+async def step(run: Run, toolbox) -> None:
+    """One iteration of Algorithm 1's loop on an unfinished run: the stop checks, else one planner call on the arm's
+    view of the state and what follows from its reply (gate / finalizer for a finish, tool + critic + reducer for a
+    call, a model error for a rejected reply)."""
+    if (stop := stop_before_decide(run)) is not None:
+        run.stop(*stop)
+        return
+    decided = await _decide(run, run.tools, run.latest)  # d_t <- digest(R0, S_t); a_t <- decide(d_t; A(R0))
+    if decided is None:  # the prompt outgrew the model's context: a budget, not a fault
+        run.stop("budget_exhausted", "the planner prompt exceeds the model's context")
+        return
+    step_rec, action, run.latest = decided
+    if action is not None and action.name == "finish":
+        run.latest = await run.arm.finish(run, str(action.arguments.get("answer", "")))
+    elif action is not None:
+        run.latest = await _observe(run, step_rec, action, toolbox)  # o_t; v_t <- critic(d_t, o_t); S (+) event
+    run.close_step(step_rec)
 
 
 def _task_parts(task_or_r0) -> tuple[TaskContext, str | None]:
@@ -123,8 +145,9 @@ def _task_parts(task_or_r0) -> tuple[TaskContext, str | None]:
     return r0, None if gold is None else str(gold)
 
 
-class _Run:
-    """Mutable bookkeeping of one task run: the ledger, the recorded steps and events, usage per role."""
+class Run:
+    """Mutable bookkeeping of one task run: the ledger, the recorded steps and events, usage per role, the arm's
+    memory and the note the planner sees at its next call (`latest`, shown once)."""
 
     def __init__(self, r0: TaskContext, roles: Roles, cfg: RuntimeConfig, arm: Arm):
         self.r0, self.roles, self.cfg, self.arm = r0, roles, cfg, arm
@@ -134,6 +157,9 @@ class _Run:
         self.initial_events: list[dict] = []
         self.steps: list[dict] = []
         self.final_events: list[dict] = []
+        self.latest: str | None = None  # shown once to the planner at the next step
+        self.tools: list[dict] = []  # A(R0) as the planner's tool schemas (start_run)
+        self.need_parse: dict = {}  # the record's `need_parse` (start_run)
 
     def apply(self, event) -> None:
         self.ledger = reduce(self.ledger, event)
@@ -152,8 +178,22 @@ class _Run:
         step["ledger_hash"] = state_hash(self.ledger)
         self.steps.append(step)
 
+    def fork(self, roles: Roles | None = None) -> Run:
+        """An independent copy of this run between two steps (the online trainer, rl/online.py, executes several
+        decisions from one state): the ledger is frozen and closed step records are never changed, so they are
+        shared; the lists, the usage and the arm's memory are copied. `roles`: the fork's roles (default: these)."""
+        if self.step_events:
+            raise RuntimeError("Run.fork: a run can only be forked between steps")
+        new = copy.copy(self)
+        new.roles = roles if roles is not None else self.roles
+        new.usage = copy.deepcopy(self.usage)
+        new.initial_events, new.steps, new.final_events = list(self.initial_events), list(self.steps), []
+        new.step_events = []
+        new.arm = self.arm.fork()
+        return new
 
-async def _declare_needs(run: _Run) -> dict:
+
+async def _declare_needs(run: Run) -> dict:
     """S_0: the need parser's needs declared in the ledger; returns the record's `need_parse`."""
     r0 = run.r0
     messages = render.render_need_parser_messages(r0)
@@ -166,7 +206,7 @@ async def _declare_needs(run: _Run) -> dict:
     return {"input": {"messages": messages}, "needs": json.loads(needs_json), "output_text": needs_json}
 
 
-async def _decide(run: _Run, tools: list[dict], latest: str | None) -> tuple[dict, Action | None, str | None] | None:
+async def _decide(run: Run, tools: list[dict], latest: str | None) -> tuple[dict, Action | None, str | None] | None:
     """One planner call on the arm's view of the state: (the step record so far, the valid action or None when the
     reply was rejected, the note the planner sees next on a rejection). None when the prompt exceeds the context."""
     r0, lim, ledger = run.r0, run.cfg.limits, run.ledger
@@ -214,7 +254,7 @@ async def _decide(run: _Run, tools: list[dict], latest: str | None) -> tuple[dic
     return step, action, None
 
 
-async def _observe(run: _Run, step: dict, action: Action, toolbox) -> str:
+async def _observe(run: Run, step: dict, action: Action, toolbox) -> str:
     """o_t <- execute(a_t); v_t <- critic(d_t, o_t); S <- S (+) event(o_t, v_t); returns the next latest note."""
     r0, lim, max_obs = run.r0, run.cfg.limits, run.cfg.max_observation_chars
     args_c = canonical_args(action.arguments)
@@ -253,7 +293,8 @@ async def _observe(run: _Run, step: dict, action: Action, toolbox) -> str:
     return raw
 
 
-def _record(run: _Run, gold: str | None, need_parse: dict, config_hash: str | None) -> dict:
+def record(run: Run, gold: str | None = None, config_hash: str | None = None) -> dict:
+    """The trajectory record of a finished run (docs/trajectory.md)."""
     led, r0 = run.ledger, run.r0
     faults: dict[str, int] = {}
     for u in run.usage.values():
@@ -270,7 +311,7 @@ def _record(run: _Run, gold: str | None, need_parse: dict, config_hash: str | No
         "question": r0.question,
         "gold_answer": gold,
         "r0": r0.to_dict(),
-        "need_parse": need_parse,
+        "need_parse": run.need_parse,
         "initial_events": run.initial_events,
         "steps": run.steps,
         "final_events": run.final_events,
@@ -301,16 +342,20 @@ class Arm:
             self.r0, ledger, latest, "ledger", max_observation_chars=self.cfg.max_observation_chars, refs=self.refs
         )
 
+    def fork(self) -> Arm:
+        """A copy for a forked run (Run.fork); an arm with memory copies it."""
+        return copy.copy(self)
+
     def rejected(self, reply_text: str, note: str) -> None:
         """A rejected reply; `note` is what the planner sees next."""
 
     def observed(self, action: Action, call_id: str, shown: str) -> None:
         """A tool call's observation (or its failure note) as the planner is shown it."""
 
-    async def remember(self, run: _Run, step: dict, raw: str, before: Ledger) -> None:
+    async def remember(self, run: Run, step: dict, raw: str, before: Ledger) -> None:
         """After a committed observation (`before`: the ledger it was committed to)."""
 
-    async def finish(self, run: _Run, draft: str) -> str | None:
+    async def finish(self, run: Run, draft: str) -> str | None:
         return await _gate_and_finalize(run, draft)
 
 
@@ -334,7 +379,7 @@ class MemoryArm(Arm):
             summary=self.summary,
         )
 
-    async def remember(self, run: _Run, step: dict, raw: str, before: Ledger) -> None:
+    async def remember(self, run: Run, step: dict, raw: str, before: Ledger) -> None:
         r0, max_obs = self.r0, self.cfg.max_observation_chars
         cap = max(len(render_digest(r0, before)), len(render_digest(r0, run.ledger)))
         messages = render.render_summarizer_messages(r0, self.summary, raw, cap, max_obs)
@@ -352,6 +397,11 @@ class ReactArm(Arm):
     def __init__(self, r0: TaskContext, roles: Roles, cfg: RuntimeConfig):
         super().__init__(r0, roles, cfg)
         self.refs, self.history = (), []
+
+    def fork(self) -> ReactArm:
+        new = copy.copy(self)
+        new.history = list(self.history)
+        return new
 
     def messages(self, ledger: Ledger, latest: str | None) -> list[dict]:
         return render.render_planner_messages(
@@ -372,7 +422,7 @@ class ReactArm(Arm):
             {"role": "tool", "tool_call_id": call_id, "content": shown},
         ]
 
-    async def finish(self, run: _Run, draft: str) -> str | None:
+    async def finish(self, run: Run, draft: str) -> str | None:
         run.apply(AnswerAccepted(draft))
         return None
 
@@ -394,7 +444,7 @@ def _blocked_reason(ledger: Ledger) -> str:
     return "finish blocked: the ledger is not ready (" + "; ".join(parts or ["no needs"]) + ")"
 
 
-async def _over_context(run: _Run, role: str, call):
+async def _over_context(run: Run, role: str, call):
     """`await call()` for a role whose prompt grows with the evidence (finalizer, answer critic). A prompt over the
     model's context ends the run as the planner's does (budget_exhausted, the engine answers "insufficient"), not
     the task with an error on every rerun; returns None then."""
@@ -408,7 +458,7 @@ async def _over_context(run: _Run, role: str, call):
         return None
 
 
-async def _gate_and_finalize(run: _Run, draft: str) -> str | None:
+async def _gate_and_finalize(run: Run, draft: str) -> str | None:
     """A finish in the ledger and memory arms; returns the note the planner sees next (None when the run ended)."""
     r0, roles, led = run.r0, run.roles, run.ledger
     lim = run.cfg.limits

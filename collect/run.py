@@ -150,7 +150,17 @@ def _task_meta(task, missing: list[str] | None = None) -> dict:
     return meta
 
 
-async def _judge(cfg: CollectConfig, task, answer: str | None, pool) -> tuple[bool, dict]:
+def engine_answer(record: dict) -> str | None:
+    """The answer the engine reports for a finished run: the run's own, or "insufficient" for a run that ended
+    insufficient or out of budget without one (Algorithm 1, lines 17 and 20: "return insufficient")."""
+    if record.get("answer") is None and record.get("outcome") in ("insufficient", "budget_exhausted"):
+        return INSUFFICIENT
+    return record.get("answer")
+
+
+async def judge_answer(cfg: CollectConfig, task, answer: str | None, pool) -> tuple[bool | None, dict]:
+    """(correct, how it was judged) of one answer to one task, by the task source's scorer and cfg.judge (the
+    embedded world's and WorldSense's rules; OmniGAIA's judge endpoint, None when it gave no usable verdict)."""
 
     source = getattr(task, "source", "embedded")
     mode = judges.resolve_mode(cfg.judge.get("scoring"), source)  # judge.scoring: official | robust (docs/world.md)
@@ -381,10 +391,9 @@ async def _run_tasks(
             toolbox = ToolBox(task, r0, tools_cfg, corpus=corpus)
             try:
                 rec = await run_task(task, roles, toolbox, cfg.runtime, config_hash=config_hash)
-                if rec.get("answer") is None and rec.get("outcome") in ("insufficient", "budget_exhausted"):
-                    rec["answer"] = INSUFFICIENT  # Algorithm 1, lines 17 and 20: "return insufficient"
+                rec["answer"] = engine_answer(rec)
                 with usage_scope() as judge_usage:  # the answer judge's chat calls count under role "judge"
-                    correct, judge_info = await _judge(cfg, task, rec.get("answer"), pool)
+                    correct, judge_info = await judge_answer(cfg, task, rec.get("answer"), pool)
                 add_usage(rec, "judge", judge_usage)
             except ChatError as e:
                 # An endpoint that stayed down past its retry budget: nothing is written for this task, so a rerun

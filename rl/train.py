@@ -127,9 +127,10 @@ def named_weights(weights) -> dict[str, float]:
     return dict(zip(REWARD_FUNCS, weights_list(given), strict=True))
 
 
-def named_weights_flag(argv: list[str] | None) -> list[str] | None:
+def named_weights_flag(argv: list[str] | None, weights=named_weights) -> list[str] | None:
     """`--reward_weights '{"compute": 0.3, ...}'` (a JSON mapping by reward name, as a recipe's YAML mapping; what
-    sft.onpolicy's rl_args and load_config pass for a mapping) becomes TRL's list of floats in REWARD_FUNCS order."""
+    sft.onpolicy's rl_args and load_config pass for a mapping) becomes TRL's list of floats in the order `weights`
+    gives (named_weights: REWARD_FUNCS order; rl.online: its own rewards)."""
     if not argv:
         return argv
     out = list(argv)
@@ -139,19 +140,21 @@ def named_weights_flag(argv: list[str] | None) -> list[str] | None:
                 mapping = json.loads(out[i + 1])
             except json.JSONDecodeError as e:
                 raise ValueError(f"--reward_weights: not a JSON mapping: {e}: {out[i + 1]!r}") from None
-            out[i + 1 : i + 2] = [str(w) for w in named_weights(mapping).values()]
+            out[i + 1 : i + 2] = [str(w) for w in weights(mapping).values()]
             break
     return out
 
 
-def parse_args(argv: list[str] | None = None) -> RLRecipe:
-    """YAML recipe (--config) + command-line overrides. Unknown recipe keys are an error that names the file.
+def parse_recipe(argv: list[str] | None, script_cls, weights=named_weights) -> RLRecipe:
+    """YAML recipe (--config) + command-line overrides into (script_cls, GRPOConfig, ModelConfig). Unknown recipe
+    keys are an error that names the file. `weights` turns reward_weights (TRL's list, a mapping by name, or None)
+    into {name: weight} in the order of the trainer's reward functions.
 
     Without CUDA the defaults become use_cpu/fp32 before GRPOConfig validates itself (it rejects bf16 on a CPU-only
     machine), as in sft.train; a recipe that sets bf16: true still needs `--bf16 false` there."""
 
-    argv = named_weights_flag(list(argv) if argv is not None else sys.argv[1:])
-    parser = TrlParser((RLScriptArguments, GRPOConfig, ModelConfig))
+    argv = named_weights_flag(list(argv) if argv is not None else sys.argv[1:], weights)
+    parser = TrlParser((script_cls, GRPOConfig, ModelConfig))
     if not torch.cuda.is_available():
         parser.set_defaults(use_cpu=True, bf16=False)
     path = argv[argv.index("--config") + 1] if argv and "--config" in argv else None
@@ -159,13 +162,18 @@ def parse_args(argv: list[str] | None = None) -> RLRecipe:
         script, training, model = parser.parse_args_and_config(args=argv)
     except ValueError as e:
         raise ValueError(f"{path}: {e}" if path else str(e)) from None
-    # TRL wants a list in REWARD_FUNCS order; recipes may name the weights (validated either way)
-    training.reward_weights = list(named_weights(training.reward_weights).values())
+    # TRL wants a list in the reward functions' order; recipes may name the weights (validated either way)
+    training.reward_weights = list(weights(training.reward_weights).values())
     return RLRecipe(script, training, model)
 
 
-def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> RLRecipe:
-    """parse_args for callers holding a recipe path and a few overrides ({field: value}, None = not given)."""
+def parse_args(argv: list[str] | None = None) -> RLRecipe:
+    """An rl.train recipe (parse_recipe with RLScriptArguments and the REWARD_FUNCS weights)."""
+    return parse_recipe(argv, RLScriptArguments)
+
+
+def recipe_argv(path: str | None, overrides: dict[str, Any] | None = None) -> list[str]:
+    """The command line of a recipe path plus a few overrides ({field: value}, None = not given)."""
     argv = ["--config", str(path)] if path else []
     for k, v in (overrides or {}).items():
         if v is None:
@@ -174,11 +182,23 @@ def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> RL
             argv += [f"--{k}", *map(str, v)]
         else:
             argv += [f"--{k}", json.dumps(v) if isinstance(v, dict) else str(v)]
-    return parse_args(argv)
+    return argv
+
+
+def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> RLRecipe:
+    """parse_args for callers holding a recipe path and a few overrides ({field: value}, None = not given)."""
+    return parse_args(recipe_argv(path, overrides))
 
 
 def is_adapter_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / "adapter_config.json").exists()
+
+
+def reference_policy(model_args: ModelConfig) -> str:
+    """Which of the three policy / KL-reference cases of the module docstring a recipe's model options make."""
+    if is_adapter_dir(model_args.model_name_or_path or ""):
+        return "sft_adapter_copied_to_ref_adapter"
+    return "new_adapter_ref_is_sft_weights" if model_args.use_peft else "full_ft_ref_loaded_from_sft_checkpoint"
 
 
 def load_policy(model_args: ModelConfig):
@@ -201,12 +221,23 @@ def load_policy(model_args: ModelConfig):
         tok = AutoTokenizer.from_pretrained(tok_src)
         model = AutoModelForCausalLM.from_pretrained(base, **kwargs)
         model = PeftModel.from_pretrained(model, path, is_trainable=True)
-        return model, tok, None, "sft_adapter_copied_to_ref_adapter"
+        return model, tok, None, reference_policy(model_args)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     if model_args.use_peft:
-        return model, tok, get_peft_config(model_args), "new_adapter_ref_is_sft_weights"
-    return model, tok, None, "full_ft_ref_loaded_from_sft_checkpoint"
+        return model, tok, get_peft_config(model_args), reference_policy(model_args)
+    return model, tok, None, reference_policy(model_args)
+
+
+def render_prompt(tok, messages: list[dict], tools: list[dict] | None, chat_template_kwargs: dict | None = None):
+    """The chat-template text of one planner state: its messages (through collect.harvest.template_messages, as
+    state-SFT's rows are) with its tools in the header, up to the assistant turn. GRPO's prompt of a recorded state
+    (render_prompts) and of a state the online trainer reaches (rl.online) are this text; its ids are
+    `tok(text, add_special_tokens=False)`, the ids state-SFT put before the first label (tests/test_templates.py)."""
+    kwargs = dict(chat_template_kwargs or {})
+    return tok.apply_chat_template(
+        template_messages(messages), tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
+    )
 
 
 def render_prompts(ds, tok, chat_template_kwargs: dict | None):
@@ -216,14 +247,9 @@ def render_prompts(ds, tok, chat_template_kwargs: dict | None):
     an earlier tool call in the OpenAI wire form renders for GRPO exactly as SFT trained on it (and as vLLM serves it);
     Qwen3.5's template rejects the wire form's string arguments."""
 
-    kwargs = dict(chat_template_kwargs or {})
-
     def one(row):
         tools = load_json_column(row["tools"], "tools")
-        text = tok.apply_chat_template(
-            template_messages(row["prompt"]), tools=tools or None, add_generation_prompt=True, tokenize=False, **kwargs
-        )
-        return {"prompt": text}
+        return {"prompt": render_prompt(tok, row["prompt"], tools, chat_template_kwargs)}
 
     return ds.map(one, desc="render prompts")
 
@@ -324,11 +350,24 @@ class StateRecordingGRPOTrainer(GRPOTrainer):
             f.writelines(jsonio.dumps(x, nonfinite="string") + "\n" for x in lines)
 
 
-def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: dict, n_states: int) -> dict:
-    """Steps, wall time and per-component reward means (first/last/mean over logged steps)."""
+def summarize(
+    trainer,
+    wall_s: float,
+    recipe: RLRecipe,
+    how: str,
+    judge_stats: dict,
+    n_states: int,
+    *,
+    weights=named_weights,
+    trained_task_ids: list[str] | None = None,
+) -> dict:
+    """Steps, wall time and per-component reward means (first/last/mean over logged steps). `weights`: the recipe's
+    reward_weights by name, in the order of the trainer's reward functions (named_weights: REWARD_FUNCS; rl.online
+    passes its own); trained_task_ids: default the trainer's `trained_task_ids` (rl.train sets it)."""
 
+    names = list(weights(recipe.training.reward_weights))
     hist = [h for h in trainer.state.log_history if "reward" in h]
-    keys = ["reward"] + [f"rewards/{k}/mean" for k in REWARD_FUNCS] + ["kl", "frac_reward_zero_std", "loss"]
+    keys = ["reward"] + [f"rewards/{k}/mean" for k in names] + ["kl", "frac_reward_zero_std", "loss"]
     comp = {}
     for k in keys:
         # drop NaN and None (TRL logs a reward every completion skipped, e.g. an unweighted compute, as None)
@@ -343,7 +382,7 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
                 "last_quarter_mean": sum(vals[-q:]) / q,
             }
     short = {"reward": "reward", "kl": "kl", "frac_reward_zero_std": "zero_std"}
-    short |= {f"rewards/{k}/mean": k for k in REWARD_FUNCS}
+    short |= {f"rewards/{k}/mean": k for k in names}
     history = [{"step": h.get("step")} | {v: h[k] for k, v in short.items() if k in h} for h in hist]
     steps = trainer.state.global_step
     return {
@@ -352,10 +391,12 @@ def summarize(trainer, wall_s: float, recipe: RLRecipe, how: str, judge_stats: d
         "s_per_step": round(wall_s / max(1, steps), 3),
         "n_states": n_states,
         # the tasks of the states GRPO drew from: pipeline.eval warns when a planner is scored on one of them
-        "trained_task_ids": getattr(trainer, "trained_task_ids", []),
+        "trained_task_ids": (
+            trained_task_ids if trained_task_ids is not None else getattr(trainer, "trained_task_ids", [])
+        ),
         "num_generations": recipe.training.num_generations,
         "reference_policy": how,
-        "reward_weights": named_weights(recipe.training.reward_weights),
+        "reward_weights": weights(recipe.training.reward_weights),
         "metrics": comp,
         "judge": judge_stats,
         "compute_check": dict(get_execution_check().stats),  # programs run by the compute reward (0 when unweighted)
@@ -452,15 +493,39 @@ def build_trainer(recipe: RLRecipe):
         )
     trainer.recorder = recorder
     trainer.trained_task_ids = trainer_task_ids
-    if training.beta and how == "full_ft_ref_loaded_from_sft_checkpoint":
-        # the KL reference must be the SFT weights in the policy's class (reference_built_like)
-        ref = trainer.accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
-        ref_src = getattr(ref.config, "_name_or_path", None) if ref is not None else None
-        if ref_src is None or Path(ref_src).resolve() != Path(model_args.model_name_or_path).resolve():
-            raise RuntimeError(f"KL reference {ref_src!r} is not the SFT checkpoint {model_args.model_name_or_path!r}")
-        if type(ref) is not type(model):
-            raise RuntimeError(f"KL reference is a {type(ref).__name__}, the policy a {type(model).__name__}")
+    check_kl_reference(trainer, model, model_args, how)
     return trainer, tok, judge, how, len(ds)
+
+
+def check_kl_reference(trainer, model, model_args: ModelConfig, how: str) -> None:
+    """The KL reference of a full-weights policy must be the SFT checkpoint in the policy's class: TRL builds it from
+    the checkpoint's config.architectures[0], and a vision-language checkpoint names its ConditionalGeneration class
+    there. RuntimeError saying what to do otherwise; nothing to check without a KL term or with an adapter."""
+    if not trainer.beta or how != "full_ft_ref_loaded_from_sft_checkpoint":
+        return
+    ref = trainer.accelerator.unwrap_model(trainer.ref_model) if trainer.ref_model is not None else None
+    ref_src = getattr(ref.config, "_name_or_path", None) if ref is not None else None
+    if ref_src is None or Path(ref_src).resolve() != Path(model_args.model_name_or_path).resolve():
+        raise RuntimeError(f"KL reference {ref_src!r} is not the SFT checkpoint {model_args.model_name_or_path!r}")
+    if type(ref) is not type(model):
+        raise RuntimeError(
+            f"KL reference is a {type(ref).__name__} (config.architectures of {ref_src}), the policy a "
+            f"{type(model).__name__}: train with use_peft: true (the reference is then the adapter disabled), "
+            "or save the SFT checkpoint from the policy's class"
+        )
+
+
+def save_policy(trainer, tok, out: str | os.PathLike) -> None:
+    """The trained policy (+ tokenizer) in OUT, loadable as every checkpoint planner is (pipeline.planners): the full
+    weights, or the policy adapter without TRL's frozen "ref" copy of the SFT adapter."""
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(unwrapped, "peft_config") and "ref" in unwrapped.peft_config:
+        # the frozen reference copy of the SFT adapter is not part of the trained policy: save "default" only
+        if trainer.accelerator.is_main_process:
+            unwrapped.save_pretrained(str(out), selected_adapters=["default"])
+    else:
+        trainer.save_model(str(out))
+    tok.save_pretrained(str(out))
 
 
 def train(recipe: RLRecipe):
@@ -472,14 +537,7 @@ def train(recipe: RLRecipe):
 
     # 4. outputs: final policy (+ tokenizer) and the run summary
     out = Path(recipe.training.output_dir)
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    if hasattr(unwrapped, "peft_config") and "ref" in unwrapped.peft_config:
-        # the frozen reference copy of the SFT adapter is not part of the trained policy: save "default" only
-        if trainer.accelerator.is_main_process:
-            unwrapped.save_pretrained(str(out), selected_adapters=["default"])
-    else:
-        trainer.save_model(str(out))
-    tok.save_pretrained(str(out))
+    save_policy(trainer, tok, out)
     summary = summarize(trainer, wall, recipe, how, dict(judge.stats), n_states)
     summary["config"] = {
         "script": asdict(recipe.script),

@@ -102,3 +102,11 @@ def tiny_model_build(tmp_path_factory, recorded_correct_runs):
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_build):
     return tiny_model_build[0]
+
+
+@pytest.fixture(scope="session")
+def finish_policy(tmp_path_factory, recorded_correct_runs):
+    """The GRPO tests' start policy (tests/helpers/warm_start.py finish_policy), built once. Read-only."""
+    from tests.helpers.warm_start import finish_policy
+
+    return finish_policy(tmp_path_factory.mktemp("finish-policy"), recorded_correct_runs)

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 
-from collect.config import EndpointConfig, RolesConfig, RuntimeConfig
+from collect.config import EndpointConfig, RolesConfig, RuntimeConfig, ToolsConfig, from_mapping, load_config
 from collect.ledger import event_from_dict, replay, state_hash
 from collect.llm import ClientPool
-from collect.loop import ToolFailure, run_task
+from collect.loop import ToolFailure, record, run_task, start_run, step
 from collect.roles.factory import build_roles
 from collect.roles.openai_roles import parse_json_object, parse_verdict
+from collect.run import load_task_corpus, load_task_list
+from collect.teacher import make_teacher_roles
+from collect.tools import ToolBox
 from tests.fakes import FakeChatServer, FakeToolBox, empty, text, tool_call, truncated_tool_call
 from tests.helpers.loop_script import (
     R0,
@@ -334,3 +338,34 @@ def test_runtime_config_rejects_unknown_names_naming_the_field():
         RolesConfig.from_dict({"plannr": "offline"})
     with pytest.raises(ValueError, match="RolesConfig.critic"):
         RolesConfig(critic="nowhere").check_endpoints({})
+
+
+@pytest.mark.parametrize("arm", ["ledger", "react"])
+def test_a_forked_run_steps_on_its_own_and_ends_as_the_run_would(arm):
+    """Run.fork between two steps (what rl.online does at an anchor state): stepping the fork to its end leaves the
+    run where it was (ledger, steps, the react arm's history), and either ends as run_task does from S_0."""
+    cfg = load_config("configs/collect/embedded.yaml", {"split": "train", "limit": 1, "progress": False})
+    runtime = dataclasses.replace(cfg.runtime, arm=arm)
+    [task] = load_task_list(cfg)
+    toolbox = ToolBox(task, task.to_context(), from_mapping(ToolsConfig, cfg.tools, "tools"), load_task_corpus(cfg))
+
+    async def go():
+        whole = await run_task(task, make_teacher_roles(task), toolbox, runtime)
+        run = await start_run(task.to_context(), make_teacher_roles(task), toolbox, runtime)
+        await step(run, toolbox)
+        before = (state_hash(run.ledger), len(run.steps), len(run.arm.history) if arm == "react" else None)
+        fork = run.fork()
+        while not fork.ledger.done:
+            await step(fork, toolbox)
+        after = (state_hash(run.ledger), len(run.steps), len(run.arm.history) if arm == "react" else None)
+        while not run.ledger.done:
+            await step(run, toolbox)
+        return whole, before, after, record(fork, task.answer), record(run, task.answer)
+
+    whole, before, after, forked, rest = asyncio.run(go())
+    assert before == after and len(whole["steps"]) >= 3
+    for rec in (forked, rest):
+        assert rec["outcome"] == whole["outcome"] and rec["answer"] == whole["answer"]
+        assert rec["final_ledger_hash"] == whole["final_ledger_hash"]
+        assert [s["ledger_hash"] for s in rec["steps"]] == [s["ledger_hash"] for s in whole["steps"]]
+        assert [s["planner_input"] for s in rec["steps"]] == [s["planner_input"] for s in whole["steps"]]

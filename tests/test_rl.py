@@ -18,6 +18,7 @@ from trl import GRPOConfig, ModelConfig
 from collect import teacher_runs
 from collect.harvest import harvest
 from rl.train import load_config, named_weights, parse_args, render_prompts
+from tests.helpers.warm_start import SHORT_FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -123,11 +124,6 @@ def test_each_recipes_report_to_integration_is_installed_by_an_extra(path):
     assert "all" != report_to  # "all" would pick up whatever happens to be installed
 
 
-# The shortest decision states the runtime produces: the three decisions of the media multiple-choice and
-# multi-asset tasks among the recorded teacher runs (tests/conftest.py), ~400-560 tokens each with the tiny tokenizer.
-SHORT_FAMILIES = ("media_mc", "multi_asset")
-
-
 @pytest.fixture(scope="module")
 def short_runs(recorded_correct_runs):
     runs = [r for r in recorded_correct_runs if r["task_meta"]["family"] in SHORT_FAMILIES]
@@ -196,43 +192,6 @@ def test_trl_hooks_this_project_relies_on_are_there():
 # ---- GRPO smoke run ------------------------------------------------------------------------------------------------
 
 
-def _warm_start(base: Path, rows: list[dict], out: Path, steps: int = 60, lr: float = 3e-3, batch: int = 4) -> Path:
-    """A stand-in for state-SFT: full fine-tune of a small model on reference decisions (the RL start policy must
-    already emit some parseable actions, else every reward is equal and GRPO has no signal)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from collect.actions import Action
-
-    tok = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    seqs = []
-    for r in rows:
-        p = tok.apply_chat_template(
-            r["prompt"], tools=json.loads(r["tools"]), add_generation_prompt=True, tokenize=False
-        )
-        c = Action(**json.loads(r["reference_action"])).to_text() + tok.eos_token
-        seqs.append((tok(p, add_special_tokens=False)["input_ids"], tok(c, add_special_tokens=False)["input_ids"]))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    torch.manual_seed(0)
-    model.train()
-    for s in range(steps):
-        b = [seqs[(s * batch + i) % len(seqs)] for i in range(batch)]
-        n = max(len(p) + len(c) for p, c in b)
-        ids = torch.full((batch, n), tok.pad_token_id)
-        lab = torch.full((batch, n), -100)
-        att = torch.zeros(batch, n, dtype=torch.long)
-        for i, (p, c) in enumerate(b):
-            ids[i, : len(p) + len(c)] = torch.tensor(p + c)
-            att[i, : len(p) + len(c)] = 1
-            lab[i, len(p) : len(p) + len(c)] = torch.tensor(c)
-        model(input_ids=ids, attention_mask=att, labels=lab).loss.backward()
-        opt.step()
-        opt.zero_grad()
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def rl_data(short_runs, tmp_path_factory) -> Path:
     """The rl_states DatasetDict harvested (collect.harvest) from the short recorded runs."""
@@ -244,21 +203,10 @@ def rl_data(short_runs, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sft_policy(short_runs, rl_data):
-    """The warm-started policy, the harvested rl_states and the work dir.
-
-    The policy is a 2-layer, 64-wide model (tokenizer trained on the recorded runs) warm-started on the finish
-    decisions only: the runtime's prompts are 450-700 tokens, and in a CPU-test budget a tiny model learns the short,
-    fixed finish call well enough that some, not all, sampled completions are valid (measured: 1 of 24 after 40 steps,
-    more after 60), while the perception calls, which copy asset ids and queries from the prompt, stay out of reach.
-    GRPO then runs on every harvested state; the group variance comes from valid vs. invalid samples."""
-    from sft.tiny import build_tiny_model
-
-    base = build_tiny_model(
-        rl_data / "small", texts=list(teacher_runs.texts(24)), seed=0, hidden_size=64, num_layers=2
-    )
-    finish = [r for r in teacher_runs.rl_rows(short_runs) if json.loads(r["reference_action"])["name"] == "finish"]
-    return _warm_start(base, finish, rl_data / "sft"), rl_data / "rl_states", rl_data
+def sft_policy(finish_policy, rl_data):
+    """The warm-started policy (tests/helpers/warm_start.py finish_policy), the harvested rl_states and the work dir.
+    GRPO runs on every harvested state; the group variance comes from valid vs. invalid samples."""
+    return finish_policy, rl_data / "rl_states", rl_data
 
 
 def _state_dict(path: Path) -> dict:

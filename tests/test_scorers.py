@@ -458,7 +458,7 @@ def test_llm_judge_case_sensitive_tag_officially():
 def test_run_judge_call_site_modes_and_unjudged():
     from collect.config import CollectConfig, EndpointConfig
     from collect.llm import ClientPool
-    from collect.run import _judge
+    from collect.run import judge_answer
     from tests.fakes import FakeChatServer, text
 
     with FakeChatServer() as srv:
@@ -470,7 +470,7 @@ def test_run_judge_call_site_modes_and_unjudged():
             cfg = CollectConfig(endpoints={"j": ep}, judge={"endpoint": "j", **scoring})
             pool = ClientPool(cfg.endpoints)
             try:
-                return await _judge(cfg, task, "<answer>MCMLXII</answer>", pool)
+                return await judge_answer(cfg, task, "<answer>MCMLXII</answer>", pool)
             finally:
                 await pool.close()
 
@@ -480,12 +480,15 @@ def test_run_judge_call_site_modes_and_unjudged():
         assert correct is True and info == {"method": "llm", "mode": "robust"}
         assert srv.requests[-1][1]["max_tokens"] == 64
     ws = _task(answer="C", answer_type="multiple_choice", options=WS_OPTIONS, source="worldsense")
-    assert asyncio.run(_judge(CollectConfig(), ws, "Definitely C", None)) == (
+    assert asyncio.run(judge_answer(CollectConfig(), ws, "Definitely C", None)) == (
         False,
         {"method": "worldsense_option", "mode": "official"},
     )
     emb = _task(answer="C", answer_type="multiple_choice", options=WS_OPTIONS)
-    assert asyncio.run(_judge(CollectConfig(), emb, "**C**", None)) == (True, {"method": "embedded", "mode": "robust"})
+    assert asyncio.run(judge_answer(CollectConfig(), emb, "**C**", None)) == (
+        True,
+        {"method": "embedded", "mode": "robust"},
+    )
 
 
 def test_summary_and_report_show_mode_and_unjudged():

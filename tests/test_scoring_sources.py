@@ -1,7 +1,7 @@
 """Scoring exactly as docs/world.md says, for each task source (issue 52, class 3).
 
 The table in "Scoring modes" is read from the doc and every row is run through the run's own judge call site
-(collect.run._judge) on tasks built the way that source builds them, so the doc and the code cannot drift apart.
+(collect.run.judge_answer) on tasks built the way that source builds them, so the doc and the code cannot drift apart.
 Also: the OmniGAIA judge never raises (a plain client's own exception is an unjudged task), and a task file's date
 answer written another way is right."""
 
@@ -16,7 +16,7 @@ import pytest
 
 from collect.config import CollectConfig, TaskSource
 from collect.judges import omnigaia_judge
-from collect.run import _judge, load_task_list
+from collect.run import judge_answer, load_task_list
 from collect.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,10 +78,10 @@ def test_the_doc_table_covers_every_source():
 def test_each_source_is_scored_as_the_doc_says(row, tmp_path):
     tasks, answer = _tasks_for(row, tmp_path)
     assert tasks and all(t.source == row["source"] for t in tasks)
-    correct, info = asyncio.run(_judge(CollectConfig(), tasks[0], answer, None))
+    correct, info = asyncio.run(judge_answer(CollectConfig(), tasks[0], answer, None))
     assert info["mode"] == row["mode"] and info["method"] in row["methods"], (row, info)
     # an explicit scoring mode always wins
-    _, forced = asyncio.run(_judge(CollectConfig(judge={"scoring": "official"}), tasks[0], answer, None))
+    _, forced = asyncio.run(judge_answer(CollectConfig(judge={"scoring": "official"}), tasks[0], answer, None))
     assert forced["mode"] == "official"
 
 
@@ -89,12 +89,12 @@ def test_a_task_file_date_written_another_way_is_right():
     (task,) = [t for t in load_tasks(SPOKEN) if t.id == "sp-15-launch"]
     assert task.answer == "3 May 1921"
     for answer in ("the 3rd of May, 1921", "May 3rd, 1921", "1921-05-03", "3 May 1921"):
-        assert asyncio.run(_judge(CollectConfig(), task, answer, None)) == (
+        assert asyncio.run(judge_answer(CollectConfig(), task, answer, None)) == (
             True,
             {"method": "embedded", "mode": "robust"},
         )
-    assert asyncio.run(_judge(CollectConfig(), task, "4 May 1921", None))[0] is False
-    assert asyncio.run(_judge(CollectConfig(), task, "1920 or 1921", None))[0] is False
+    assert asyncio.run(judge_answer(CollectConfig(), task, "4 May 1921", None))[0] is False
+    assert asyncio.run(judge_answer(CollectConfig(), task, "1920 or 1921", None))[0] is False
 
 
 class _PlainClient:
