@@ -14,10 +14,12 @@ schemas are then encoded once per process, a row's ledger view once for both of 
 
 Used only around SFTTrainer's construction (`segment_cached`), i.e. only while TRL prepares the dataset; the
 tokenizer is restored afterwards. It changes nothing TRL computes: the first `verify` texts are also encoded the plain
-way and compared (ids, offsets, masks, tokens); any difference switches the cache off for the rest of the run with a
-warning, as do inputs it does not handle (pairs, pre-split words, special tokens added by a post-processor,
-truncation or padding set on the backend, special tokens encoded as text). What differs from a plain encode:
-word_ids restart at 0 in each piece (TRL and apply_chat_template's assistant masks read ids and offsets only).
+way and compared (ids, offsets, masks, tokens, sequence ids); any difference switches the cache off for the rest
+of the run with a warning, as do inputs it does not handle (pairs, pre-split words, special tokens added by a
+post-processor, truncation or padding set on the backend, special tokens encoded as text). What differs from a plain
+encode:
+word_ids restart at 0 in each piece (TRL reads ids and offsets; apply_chat_template's assistant masks read the
+offsets in transformers 5.24 and `char_to_token`, i.e. offsets and sequence ids, in 5.17, the GPU stack's).
 tests/test_sft_segment_cache.py checks TRL's prepared dataset is identical with and without it on harvested rows.
 """
 
@@ -30,7 +32,7 @@ from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
-ENCODING_FIELDS = ("ids", "offsets", "type_ids", "attention_mask", "special_tokens_mask", "tokens")
+ENCODING_FIELDS = ("ids", "offsets", "type_ids", "attention_mask", "special_tokens_mask", "tokens", "sequence_ids")
 
 
 def split_tokens(backend) -> list[str]:
@@ -112,11 +114,13 @@ class SegmentCachedBackend:
         if not self._enabled:  # switched off earlier in this run
             return self._backend.encode(text, add_special_tokens=False)
         pieces = [self._piece(p) for p in self._split.split(text) if p]
-        merged = (
-            Encoding.merge(pieces, growing_offsets=True)
-            if pieces
-            else self._backend.encode(text, add_special_tokens=False)
-        )
+        if pieces:
+            merged = Encoding.merge(pieces, growing_offsets=True)
+            # merge keeps each piece's sequence-0 range, the last one winning: the text is one sequence, so all of
+            # its tokens are sequence 0, as in a plain encode (`char_to_token` searches sequence 0's tokens only)
+            merged.set_sequence_id(0)
+        else:
+            merged = self._backend.encode(text, add_special_tokens=False)
         self.stats["texts"] += 1
         if self._checked < self._verify:
             object.__setattr__(self, "_checked", self._checked + 1)

@@ -40,7 +40,7 @@ from trl import ModelConfig, SFTConfig, SFTTrainer, TrlParser, get_peft_config
 from collect import jsonio
 from collect.cli import run_cli
 from collect.harvest import message_features, template_messages
-from sft.lm_head import compact_lm_head_on_cpu
+from sft.lm_head import compact_lm_head_on_cpu, expose_thinker_backbone
 from sft.segment_cache import segment_cached
 from sft.tiny import build_tiny_model
 
@@ -390,6 +390,8 @@ def build_trainer(script_args: SFTScriptArguments, training_args: SFTConfig, mod
     dataset = load_sft_dataset(script_args)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = load_model(model_path, dtype, model_args, script_args)
+    if script_args.model_class == "qwen3_omni_thinker":
+        expose_thinker_backbone(model)  # transformers 5.17: the backbone TRL's fused LM head calls (sft/lm_head.py)
     if "eval" not in dataset:
         training_args.eval_strategy = "no"
 

@@ -237,7 +237,8 @@ def test_qwen3_omni_recipe_adapts_text_layers_only_and_merges_in_the_thinker_lay
     # -- LoRA on the text decoder's attention only: not on the audio tower's q/k/v, not on the vision tower
     mods = summary["lora_modules"]
     assert len(mods) == 2 * 4, mods
-    assert all(re.fullmatch(r"model\.language_model\.layers\.\d\.self_attn\.[qkvo]_proj", n) for n in mods), mods
+    # training names: model.language_model.layers.N (transformers 5.24), model.layers.N (5.17, the GPU stack)
+    assert all(re.fullmatch(r"model\.(language_model\.)?layers\.\d\.self_attn\.[qkvo]_proj", n) for n in mods), mods
     model = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(base)
     same_names = [n for n, _ in model.named_modules() if re.search(r"self_attn\.[qkv]_proj$", n) and "audio" in n]
     assert same_names, "the audio tower has q/k/v projections the bare names would also match"
@@ -266,6 +267,39 @@ def test_qwen3_omni_recipe_adapts_text_layers_only_and_merges_in_the_thinker_lay
 
     reloaded = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(merged)
     assert len(_generate(reloaded, AutoTokenizer.from_pretrained(merged))) > 0
+
+
+def test_trls_fused_lm_head_scores_the_omni_thinker_as_its_own_forward_does(data, tmp_path):
+    """TRL's fused LM head runs `model.base_model(...)` and applies the LM head itself. With the thinker prepared as
+    sft.train prepares it (expose_thinker_backbone: transformers 5.17's thinker has no backbone at `base_model`),
+    the backbone's hidden states through the LM head are the thinker's own logits on a right-padded batch, and the
+    fused head's loss is the cross-entropy of those logits."""
+    from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
+    from trl.trainer.utils import add_fused_lm_head
+
+    from sft.lm_head import ThinkerTextBackbone, expose_thinker_backbone
+
+    d, tok = data
+    model = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(_tiny_omni_thinker(tmp_path / "base", tok))
+    model.eval()
+    expose_thinker_backbone(model)
+    rows = [tok("<|im_start|>user\nfind the clip<|im_end|>\n")["input_ids"], tok("the answer is 42")["input_ids"]]
+    n = max(len(r) for r in rows)
+    input_ids = torch.tensor([r + [tok.pad_token_id] * (n - len(r)) for r in rows])
+    attention_mask = torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows])
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        torch.testing.assert_close(model.lm_head(hidden.last_hidden_state), logits)
+        add_fused_lm_head(model)
+        fused = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+    torch.testing.assert_close(fused.loss, ce)
+    fresh = Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(tmp_path / "base")
+    assert list(model.state_dict()) == list(fresh.state_dict())  # nothing registered: saving is unchanged
+    with pytest.raises(ValueError, match="input_features"):
+        ThinkerTextBackbone(model)(input_ids=input_ids, input_features=torch.zeros(1, 16, 8))
 
 
 def test_to_base_layout_adds_the_full_checkpoints_prefix(tmp_path):

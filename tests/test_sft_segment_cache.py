@@ -57,6 +57,26 @@ def test_cached_encodings_are_the_tokenizers_own_on_planner_prompts(planner_text
     assert cached.stats["delegated"] == 0
 
 
+def test_cached_encodings_map_characters_to_tokens_as_the_tokenizer_does(planner_texts):
+    """transformers 5.17 (the GPU stack) builds apply_chat_template's assistant masks with `char_to_token` on the
+    encoding, 5.24 from its offsets. `char_to_token` only searches the tokens of sequence 0, so a merged encoding
+    must give every token to sequence 0 (tokenizers' merge keeps only the last piece's range): otherwise every
+    assistant span before the last piece maps to no token and TRL drops the row's labels."""
+    tok, texts = planner_texts
+    backend = tok.backend_tokenizer
+    cached = SegmentCachedBackend(backend, verify=0)
+    for text in [t for t in texts if t][:4] + texts[-4:]:
+        plain, merged = backend.encode(text, add_special_tokens=False), cached.encode(text, add_special_tokens=False)
+        assert merged.sequence_ids == plain.sequence_ids, text[:80]
+        assert [merged.char_to_token(c) for c in range(len(text))] == [
+            plain.char_to_token(c) for c in range(len(text))
+        ]
+        assert [merged.token_to_chars(i) for i in range(len(plain))] == [
+            plain.token_to_chars(i) for i in range(len(plain))
+        ]
+    assert cached.stats["piece_hits"] > 0  # merged encodings were compared, not the tokenizer's own
+
+
 def test_through_transformers_the_chat_template_and_assistant_masks_are_unchanged(planner_texts, recorded_states):
     tok, _ = planner_texts
     r = recorded_states[3]
