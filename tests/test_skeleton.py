@@ -55,11 +55,15 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_every_cpu_pin_is_the_installed_version():
-    """constraints/cpu.txt pins the whole CPU stack (reproducible fresh clones): an install made with it has exactly
-    those versions, so a pin that pip could not honour, or a venv made without it, shows here."""
+    """constraints/cpu.txt pins the whole CPU stack (reproducible fresh clones), constraints/gpu.txt a GPU node's: an
+    install made with it has exactly those versions, so a pin that pip could not honour, or a venv made without it,
+    shows here."""
+    import importlib.util
     from importlib.metadata import version
 
-    pins = [ln.split("==") for ln in (ROOT / "constraints/cpu.txt").read_text().splitlines() if "==" in ln]
+    # a GPU node's venv is the gpu.txt stack (make gpu-setup: vLLM and the transformers it caps), a CPU one cpu.txt's
+    stack = "gpu.txt" if importlib.util.find_spec("vllm") else "cpu.txt"
+    pins = [ln.split("==") for ln in (ROOT / "constraints" / stack).read_text().splitlines() if "==" in ln]
     assert len(pins) > 50 and {"transformers", "trl", "peft", "datasets", "tokenizers"} <= {n for n, _ in pins}
     wrong = {n: (v, version(n)) for n, v in pins if version(n).split("+")[0] != v}
     assert not wrong

@@ -1,7 +1,8 @@
 """configs/slurm as written, submitted to a real (one-node) Slurm: configs/slurm/local_cluster.sh starts munged,
 slurmctld and slurmd from Debian's packages, submit.sh submits the shard array and the dependent merge, and the
 merged harvest must be byte for byte one unsharded run's. Skipped (with the reason) where Slurm is not installed or
-the test does not run as root; `configs/slurm/local_cluster.sh install` installs it (.ci/run does)."""
+the test does not run as root; `configs/slurm/local_cluster.sh install` installs it (`make test` does, as root with
+CI set)."""
 
 import json
 import os
