@@ -14,11 +14,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "collect", "--config", "configs/collect/embedded_1800.yaml", "--out", str(out)]
     cmd += ["--split", "train", "--no-harvest", "--no-progress"]
-    p = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # SIGINT as a terminal's foreground job has it: a suite started in the background (`cmd &` in a script) inherits
+    # SIGINT ignored, and Python then keeps it ignored, so the run would never see the Ctrl-C
+    p = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_sigint)
     traj = out / "trajectories.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and (not traj.exists() or traj.stat().st_size < 200_000):
