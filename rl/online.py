@@ -92,11 +92,10 @@ from collect.tools import ToolBox
 from rewards import REWARD_FUNCS, ExecutionCheck, build_judge, use_execution_check, use_judge
 from rl.train import (
     RLRecipe,
-    check_kl_reference,
+    build_grpo_trainer,
     load_policy,
     parse_recipe,
     recipe_argv,
-    reference_built_like,
     reference_policy,
     render_prompt,
     save_policy,
@@ -929,17 +928,18 @@ def build_trainer(recipe: RLRecipe, *, generator=None) -> tuple[GRPOTrainer, Led
         model_name=Path(model_args.model_name_or_path).name,
         tool_call_parser=script.tool_call_parser,
     )
-    with reference_built_like(model):  # the KL reference in the policy's class, as rl.train builds it
-        trainer = GRPOTrainer(
-            model=model,
-            reward_funcs=trainer_reward_funcs(weights),
-            args=training,
-            train_dataset=ds,
-            processing_class=tok,
-            peft_config=peft_config,
-            rollout_func=rollout,
-        )
-    check_kl_reference(trainer, model, model_args, how)
+    trainer = build_grpo_trainer(
+        GRPOTrainer,
+        model,
+        model_args,
+        how,
+        reward_funcs=trainer_reward_funcs(weights),
+        args=training,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=peft_config,
+        rollout_func=rollout,
+    )
     log.info(
         "%d train tasks from %s; policy %s (%s); G=%d, %d groups per rollout",
         len(ds), script.collect, model_args.model_name_or_path, how, training.num_generations,

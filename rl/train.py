@@ -482,19 +482,29 @@ def build_trainer(recipe: RLRecipe):
 
     # 3. GRPO with the recipe's objective
     compact_lm_head_on_cpu()  # CPU only: the policy's log-probs over completion tokens only (same loss, faster)
-    with reference_built_like(model):
-        trainer = StateRecordingGRPOTrainer(
-            model=model,
-            reward_funcs=reward_funcs,
-            args=training,
-            train_dataset=ds,
-            processing_class=tok,
-            peft_config=peft_config,
-        )
+    trainer = build_grpo_trainer(
+        StateRecordingGRPOTrainer,
+        model,
+        model_args,
+        how,
+        reward_funcs=reward_funcs,
+        args=training,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=peft_config,
+    )
     trainer.recorder = recorder
     trainer.trained_task_ids = trainer_task_ids
-    check_kl_reference(trainer, model, model_args, how)
     return trainer, tok, judge, how, len(ds)
+
+
+def build_grpo_trainer(trainer_cls, model, model_args: ModelConfig, how: str, **kwargs):
+    """`trainer_cls(model=model, **kwargs)` (GRPOTrainer or a subclass) with its KL reference built in the policy's
+    class (reference_built_like) and checked (check_kl_reference): the one way rl.train and rl.online build theirs."""
+    with reference_built_like(model):
+        trainer = trainer_cls(model=model, **kwargs)
+    check_kl_reference(trainer, model, model_args, how)
+    return trainer
 
 
 def check_kl_reference(trainer, model, model_args: ModelConfig, how: str) -> None:
